@@ -1,0 +1,45 @@
+// kiln/config.hpp — the one place that spells CUDA's execution-space keywords.
+//
+// Every other header writes KILN_HOST_DEVICE; under nvcc it becomes __host__ __device__ so the
+// same functor code runs in CPU tests and in CUDA kernels, under a host compiler it is plain
+// inline code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KILN_HOST_DEVICE __host__ __device__ __forceinline__
+#define KILN_DEVICE __device__ __forceinline__
+#define KILN_GLOBAL __global__
+#define KILN_CUDA_COMPILER 1
+#else
+#define KILN_HOST_DEVICE inline
+#define KILN_DEVICE inline
+#define KILN_CUDA_COMPILER 0
+#endif
+
+// True while nvcc compiles the device side of a translation unit.
+#if defined(__CUDA_ARCH__)
+#define KILN_DEVICE_PASS 1
+#else
+#define KILN_DEVICE_PASS 0
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KILN_RESTRICT __restrict__
+#else
+#define KILN_RESTRICT
+#endif
+
+namespace kiln {
+
+// Sizes and indices are signed 64-bit: no unsigned wrap-around in shape arithmetic, and large
+// enough for any tensor one device holds.
+using index_t = std::int64_t;
+
+inline constexpr int version_major = 0;
+inline constexpr int version_minor = 1;
+inline constexpr int version_patch = 0;
+
+}  // namespace kiln
