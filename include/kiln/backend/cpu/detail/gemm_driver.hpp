@@ -1,0 +1,231 @@
+// kiln/backend/cpu/detail/gemm_driver.hpp — the cache-blocked loop nest of kiln's own GEMM
+// (GotoBLAS / BLIS order), its packing workspace and its OpenMP split.
+//
+//   for jc (nc columns of C)            B block kc x nc packed once, shared by all threads (L3)
+//     for pc (kc of k)
+//       for ic (mc rows of C)   <- split across threads; each packs its own A block (L2)
+//         for jr (nr columns)          one B micro-panel stays in L1 ...
+//           for ir (mr rows)           ... while the A micro-panels stream past it
+//             microkernel
+#pragma once
+
+#ifndef KILN_INTERNAL_INCLUDE
+#error "kiln/backend/cpu/detail/gemm_driver.hpp is internal: include <kiln/backend/cpu/gemm.hpp>"
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <new>
+
+#include "kiln/backend/cpu/detail/gemm_kernel.hpp"
+#include "kiln/backend/cpu/detail/gemm_pack.hpp"
+#include "kiln/config.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace kiln::cpu::detail {
+
+inline constexpr index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
+inline constexpr index_t round_up(index_t a, index_t b) { return ceil_div(a, b) * b; }
+
+// Below this many multiply-adds a fork/join of the OpenMP team costs more than it saves.
+inline constexpr index_t gemm_parallel_min_fma = index_t(1) << 19;
+
+// One grow-only, 64-byte aligned buffer per calling thread: after the first call of a given size
+// no GEMM allocates. Worker threads get slices of their caller's buffer, so every allocation (and
+// its std::bad_alloc) happens before the parallel region starts.
+class gemm_workspace {
+ public:
+  gemm_workspace() = default;
+  gemm_workspace(const gemm_workspace&) = delete;
+  gemm_workspace& operator=(const gemm_workspace&) = delete;
+  ~gemm_workspace() { release(); }
+
+  void* get(std::size_t bytes) {
+    if (bytes > bytes_) {
+      release();
+      data_ = ::operator new(bytes, std::align_val_t{64});
+      bytes_ = bytes;
+    }
+    return data_;
+  }
+
+  static gemm_workspace& this_thread() {
+    thread_local gemm_workspace ws;
+    return ws;
+  }
+
+ private:
+  void release() {
+    if (data_) ::operator delete(data_, std::align_val_t{64});
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Team size for an m x n x k product: `threads` is an upper bound (0 = OpenMP's default), reduced
+// to one for small products and inside an enclosing parallel region (no oversubscription).
+inline int gemm_team_size(int threads, index_t m, index_t n, index_t k) {
+#ifdef _OPENMP
+  if (threads == 1 || m * n * k < gemm_parallel_min_fma) return 1;
+  if (threads == 0) {
+    if (omp_in_parallel()) return 1;
+    threads = omp_get_max_threads();
+  }
+  return std::max(threads, 1);
+#else
+  (void)threads, (void)m, (void)n, (void)k;
+  return 1;
+#endif
+}
+
+// [begin, end) of part `i` when `count` items are split into `parts` near-equal ranges.
+struct item_range {
+  index_t begin, end;
+};
+inline item_range split_range(index_t count, index_t parts, index_t i) {
+  const index_t base = count / parts, extra = count % parts;
+  const index_t begin = i * base + std::min(i, extra);
+  return {begin, begin + base + (i < extra ? 1 : 0)};
+}
+
+// C = beta * C on an m x n block; beta == 0 writes zeros without reading C.
+template <class Acc>
+inline void scale_c(index_t m, index_t n, Acc beta, Acc* c, index_t ldc) {
+  for (index_t i = 0; i < m; ++i) {
+    Acc* ci = c + i * ldc;
+    if (beta == Acc(0)) {
+      std::fill(ci, ci + n, Acc(0));
+    } else if (beta != Acc(1)) {
+      for (index_t j = 0; j < n; ++j) ci[j] *= beta;
+    }
+  }
+}
+
+// Operands and output of one blocked product, with op(A)(i, p) = a[i * a_rs + p * a_cs] and
+// op(B)(p, j) = b[p * b_ks + j * b_js].
+template <class T, class Acc>
+struct gemm_problem {
+  index_t m, n, k;
+  Acc alpha, beta;
+  const T* a;
+  index_t a_rs, a_cs;
+  const T* b;
+  index_t b_ks, b_js;
+  Acc* c;
+  index_t ldc;
+};
+
+// Sizes of one run of the loop nest, fixed before the threads start.
+struct gemm_plan {
+  index_t kc, mc, nc;  // largest block extents (k blocks and m blocks are balanced)
+  index_t mblocks;     // number of ic blocks
+  index_t nsplit;      // each ic block's jr range is split this many ways (small m, many threads)
+};
+
+// The loop nest as run by thread `tid` of `team`; with team == 1 it is the whole product.
+template <class T, class Acc>
+void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, Acc* bbuf, Acc* abuf, int tid,
+              int team) {
+  constexpr int MR = gemm_blocking<Acc>::mr;
+  constexpr int NR = gemm_blocking<Acc>::nr;
+  for (index_t jc = 0; jc < g.n; jc += plan.nc) {
+    const index_t nc = std::min(plan.nc, g.n - jc);
+    const index_t npanels = ceil_div(nc, NR);
+    for (index_t pc = 0; pc < g.k; pc += plan.kc) {
+      const index_t kc = std::min(plan.kc, g.k - pc);
+      // Later k blocks add onto what the first one stored.
+      const Acc beta = pc == 0 ? g.beta : Acc(1);
+
+      const item_range mine = split_range(npanels, team, tid);
+      if (mine.begin < mine.end) {
+        const index_t col0 = mine.begin * NR;
+        pack_panels<NR>(std::min(nc, mine.end * NR) - col0, kc, g.b + pc * g.b_ks + (jc + col0) * g.b_js,
+                        g.b_js, g.b_ks, bbuf + col0 * kc);
+      }
+#ifdef _OPENMP
+      if (team > 1) {
+#pragma omp barrier
+      }
+#endif
+      const index_t tasks = plan.mblocks * plan.nsplit;
+      for (index_t t = tid; t < tasks; t += team) {
+        const index_t ib = t / plan.nsplit;
+        const index_t ic = ib * plan.mc;
+        if (ic >= g.m) continue;
+        const index_t mc = std::min(plan.mc, g.m - ic);
+        pack_panels<MR>(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
+        const item_range cols = split_range(npanels, plan.nsplit, t % plan.nsplit);
+        for (index_t jp = cols.begin; jp < cols.end; ++jp) {
+          const int nr = static_cast<int>(std::min<index_t>(NR, nc - jp * NR));
+          const Acc* bp = bbuf + jp * NR * kc;
+          Acc* cj = g.c + ic * g.ldc + jc + jp * NR;
+          for (index_t ip = 0; ip * MR < mc; ++ip) {
+            const int mr = static_cast<int>(std::min<index_t>(MR, mc - ip * MR));
+            microkernel(kc, abuf + ip * MR * kc, bp, cj + ip * MR * g.ldc, g.ldc, g.alpha, beta, mr, nr);
+          }
+        }
+      }
+#ifdef _OPENMP
+      // Nobody repacks the shared B block while another thread still reads it.
+      if (team > 1) {
+#pragma omp barrier
+      }
+#endif
+    }
+  }
+}
+
+// kiln's own GEMM on validated arguments. requires: m, n, k >= 0, strides valid for the extents.
+template <class T, class Acc>
+void gemm_blocked(const gemm_problem<T, Acc>& g, int threads) {
+  using blk = gemm_blocking<Acc>;
+  constexpr int MR = blk::mr;
+  constexpr int NR = blk::nr;
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0 || g.alpha == Acc(0)) {  // BLAS: A and B are not read when alpha == 0
+    scale_c(g.m, g.n, g.beta, g.c, g.ldc);
+    return;
+  }
+  const int team = gemm_team_size(threads, g.m, g.n, g.k);
+
+  gemm_plan plan{};
+  plan.nc = std::min(blk::nc, round_up(g.n, NR));
+  plan.kc = ceil_div(g.k, ceil_div(g.k, blk::kc));  // e.g. k = 400 -> 2 x 200, not 256 + 144
+  plan.mblocks = ceil_div(g.m, blk::mc);
+  if (team > 1) {
+    // Enough ic blocks for every thread when m allows it; otherwise split the columns too.
+    plan.mblocks = std::min(round_up(plan.mblocks, team), ceil_div(g.m, MR));
+    plan.nsplit = plan.mblocks >= team ? 1 : ceil_div(team, plan.mblocks);
+  } else {
+    plan.nsplit = 1;
+  }
+  plan.mc = round_up(ceil_div(g.m, plan.mblocks), MR);
+  plan.mblocks = ceil_div(g.m, plan.mc);
+
+  // Workspace: the shared B block, then one A block per thread, each 64-byte aligned.
+  constexpr index_t align = 64 / sizeof(Acc);
+  const index_t b_len = round_up(plan.kc * plan.nc, align);
+  const index_t a_len = round_up(plan.kc * plan.mc, align);
+  Acc* ws = static_cast<Acc*>(
+      gemm_workspace::this_thread().get(static_cast<std::size_t>(b_len + a_len * team) * sizeof(Acc)));
+
+#ifdef _OPENMP
+  if (team > 1) {
+#pragma omp parallel num_threads(team)
+    {
+      // The team may be smaller than asked (OMP_THREAD_LIMIT, dynamic adjustment): use its size.
+      const int tid = omp_get_thread_num();
+      gemm_run(g, plan, ws, ws + b_len + a_len * tid, tid, omp_get_num_threads());
+    }
+    return;
+  }
+#endif
+  gemm_run(g, plan, ws, ws + b_len, 0, 1);
+}
+
+}  // namespace kiln::cpu::detail

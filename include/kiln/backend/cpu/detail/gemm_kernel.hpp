@@ -1,0 +1,199 @@
+// kiln/backend/cpu/detail/gemm_kernel.hpp — block sizes and register-blocked microkernels of the
+// CPU GEMM.
+//
+// A microkernel computes one MR x NR tile of C from a packed A micro-panel (kc x MR, k-major) and
+// a packed B micro-panel (kc x NR, k-major). The packing (gemm_pack.hpp) makes both operands
+// contiguous and zero-padded, so the kernel never branches on transposes, strides or edges inside
+// its k loop; only the final store knows about a partial tile.
+#pragma once
+
+#ifndef KILN_INTERNAL_INCLUDE
+#error "kiln/backend/cpu/detail/gemm_kernel.hpp is internal: include <kiln/backend/cpu/gemm.hpp>"
+#endif
+
+#include "kiln/config.hpp"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KILN_GEMM_AVX2 1
+#else
+#define KILN_GEMM_AVX2 0
+#endif
+
+namespace kiln::cpu::detail {
+
+// Block sizes per accumulation type (BLIS naming). mr x nr is the register tile; kc bounds the
+// k extent of a packed panel so one B micro-panel (kc x nr) stays in L1 while the A block
+// (mc x kc) stays in L2 and the B block (kc x nc) in L3.
+template <class Acc>
+struct gemm_blocking;
+
+#if KILN_GEMM_AVX2
+// 6 x 16 floats = 12 ymm accumulators + 2 B vectors + 1 broadcast: 15 of the 16 ymm registers.
+// Per k step 8 loads feed 12 FMAs, so the two FMA pipes, not the load ports, set the pace.
+template <>
+struct gemm_blocking<float> {
+  static constexpr int mr = 6, nr = 16;
+  static constexpr index_t kc = 256, mc = 144, nc = 4080;
+};
+template <>
+struct gemm_blocking<double> {
+  static constexpr int mr = 6, nr = 8;
+  static constexpr index_t kc = 256, mc = 72, nc = 4080;
+};
+#else
+// Portable sizes: 4 x 8 accumulators fit the 16 registers of SSE2-class targets.
+template <>
+struct gemm_blocking<float> {
+  static constexpr int mr = 4, nr = 8;
+  static constexpr index_t kc = 256, mc = 128, nc = 4096;
+};
+template <>
+struct gemm_blocking<double> {
+  static constexpr int mr = 4, nr = 4;
+  static constexpr index_t kc = 256, mc = 64, nc = 4096;
+};
+#endif
+
+// Writes an mr x nr corner of a full register tile held in `tile` (row stride NR, already
+// multiplied by alpha) into C. beta == 0 never reads C, so NaN garbage there is overwritten.
+template <int NR, class Acc>
+inline void store_partial_tile(const Acc* KILN_RESTRICT tile, Acc* KILN_RESTRICT c, index_t ldc,
+                               Acc beta, int mr, int nr) {
+  for (int r = 0; r < mr; ++r) {
+    Acc* KILN_RESTRICT cr = c + r * ldc;
+    if (beta == Acc(0)) {
+      for (int j = 0; j < nr; ++j) cr[j] = tile[r * NR + j];
+    } else {
+      for (int j = 0; j < nr; ++j) cr[j] = tile[r * NR + j] + beta * cr[j];
+    }
+  }
+}
+
+#if KILN_GEMM_AVX2
+
+// The few AVX operations the kernel needs, per element type, so one kernel template serves
+// float and double.
+template <class Acc>
+struct avx_ops;
+
+template <>
+struct avx_ops<float> {
+  using vec = __m256;
+  static constexpr int lanes = 8;
+  static vec zero() { return _mm256_setzero_ps(); }
+  static vec set1(float x) { return _mm256_set1_ps(x); }
+  static vec bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static vec load(const float* p) { return _mm256_load_ps(p); }
+  static vec loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, vec v) { _mm256_storeu_ps(p, v); }
+  static void store(float* p, vec v) { _mm256_store_ps(p, v); }
+  static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+};
+
+template <>
+struct avx_ops<double> {
+  using vec = __m256d;
+  static constexpr int lanes = 4;
+  static vec zero() { return _mm256_setzero_pd(); }
+  static vec set1(double x) { return _mm256_set1_pd(x); }
+  static vec bcast(const double* p) { return _mm256_broadcast_sd(p); }
+  static vec load(const double* p) { return _mm256_load_pd(p); }
+  static vec loadu(const double* p) { return _mm256_loadu_pd(p); }
+  static void storeu(double* p, vec v) { _mm256_storeu_pd(p, v); }
+  static void store(double* p, vec v) { _mm256_store_pd(p, v); }
+  static vec mul(vec a, vec b) { return _mm256_mul_pd(a, b); }
+  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_pd(a, b, c); }
+};
+
+// C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C   (beta == 0: C is not read).
+// requires: ap holds kc x MR and bp kc x NR packed values, bp 32-byte aligned; mr <= MR, nr <= NR.
+template <class Acc>
+inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
+                        Acc* KILN_RESTRICT c, index_t ldc, Acc alpha, Acc beta, int mr, int nr) {
+  using ops = avx_ops<Acc>;
+  using vec = typename ops::vec;
+  constexpr int MR = gemm_blocking<Acc>::mr;
+  constexpr int NR = gemm_blocking<Acc>::nr;
+  constexpr int NV = NR / ops::lanes;
+  static_assert(NV == 2, "the AVX2 microkernel is written for two vectors per row");
+
+  // Named accumulators instead of an array: GCC then keeps all twelve in registers for sure.
+  vec c00 = ops::zero(), c01 = ops::zero(), c10 = ops::zero(), c11 = ops::zero();
+  vec c20 = ops::zero(), c21 = ops::zero(), c30 = ops::zero(), c31 = ops::zero();
+  vec c40 = ops::zero(), c41 = ops::zero(), c50 = ops::zero(), c51 = ops::zero();
+
+  // Touch the C tile early so its lines arrive while the k loop runs.
+  for (int r = 0; r < mr; ++r) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+
+#pragma GCC unroll 4
+  for (index_t p = 0; p < kc; ++p) {
+    const vec b0 = ops::load(bp), b1 = ops::load(bp + ops::lanes);
+    vec ai = ops::bcast(ap + 0);
+    c00 = ops::fma(ai, b0, c00);
+    c01 = ops::fma(ai, b1, c01);
+    ai = ops::bcast(ap + 1);
+    c10 = ops::fma(ai, b0, c10);
+    c11 = ops::fma(ai, b1, c11);
+    ai = ops::bcast(ap + 2);
+    c20 = ops::fma(ai, b0, c20);
+    c21 = ops::fma(ai, b1, c21);
+    ai = ops::bcast(ap + 3);
+    c30 = ops::fma(ai, b0, c30);
+    c31 = ops::fma(ai, b1, c31);
+    ai = ops::bcast(ap + 4);
+    c40 = ops::fma(ai, b0, c40);
+    c41 = ops::fma(ai, b1, c41);
+    ai = ops::bcast(ap + 5);
+    c50 = ops::fma(ai, b0, c50);
+    c51 = ops::fma(ai, b1, c51);
+    ap += MR;
+    bp += NR;
+  }
+
+  const vec va = ops::set1(alpha);
+  const vec acc[MR][NV] = {{ops::mul(va, c00), ops::mul(va, c01)}, {ops::mul(va, c10), ops::mul(va, c11)},
+                           {ops::mul(va, c20), ops::mul(va, c21)}, {ops::mul(va, c30), ops::mul(va, c31)},
+                           {ops::mul(va, c40), ops::mul(va, c41)}, {ops::mul(va, c50), ops::mul(va, c51)}};
+  if (mr == MR && nr == NR) {
+    if (beta == Acc(0)) {
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) ops::storeu(c + r * ldc + v * ops::lanes, acc[r][v]);
+    } else {
+      const vec vb = ops::set1(beta);
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) {
+          Acc* cp = c + r * ldc + v * ops::lanes;
+          ops::storeu(cp, ops::fma(vb, ops::loadu(cp), acc[r][v]));
+        }
+    }
+    return;
+  }
+  alignas(32) Acc tile[MR * NR];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) ops::store(tile + r * NR + v * ops::lanes, acc[r][v]);
+  store_partial_tile<NR>(tile, c, ldc, beta, mr, nr);
+}
+
+#else  // portable kernel: plain loops over a fixed tile that the compiler vectorises.
+
+template <class Acc>
+inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
+                        Acc* KILN_RESTRICT c, index_t ldc, Acc alpha, Acc beta, int mr, int nr) {
+  constexpr int MR = gemm_blocking<Acc>::mr;
+  constexpr int NR = gemm_blocking<Acc>::nr;
+  Acc tile[MR * NR] = {};
+  for (index_t p = 0; p < kc; ++p) {
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) tile[r * NR + j] += ap[r] * bp[j];
+    ap += MR;
+    bp += NR;
+  }
+  for (Acc& x : tile) x *= alpha;
+  store_partial_tile<NR>(tile, c, ldc, beta, mr, nr);
+}
+
+#endif
+
+}  // namespace kiln::cpu::detail

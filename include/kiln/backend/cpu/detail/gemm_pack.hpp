@@ -1,0 +1,141 @@
+// kiln/backend/cpu/detail/gemm_pack.hpp — copies blocks of op(A) and op(B) into the micro-panel
+// layout the microkernel reads (gemm_kernel.hpp), converting f16/bf16 to float on the way.
+//
+// Both operands are packed by the same routine: a block of `rows` x kc values whose element
+// (r, p) sits at src[r * rs + p * cs] becomes panels of R rows, panel-major, each panel k-major
+// (dst[panel][p][r]), with the rows past `rows` in the last panel set to zero. For A the rows are
+// C's rows (R = MR); for B they are C's columns (R = NR). Transposes only change (rs, cs).
+#pragma once
+
+#ifndef KILN_INTERNAL_INCLUDE
+#error "kiln/backend/cpu/detail/gemm_pack.hpp is internal: include <kiln/backend/cpu/gemm.hpp>"
+#endif
+
+#include <type_traits>
+
+#include "kiln/backend/cpu/detail/gemm_kernel.hpp"
+#include "kiln/config.hpp"
+
+namespace kiln::cpu::detail {
+
+#if KILN_GEMM_AVX2
+
+// Transposes the 8 x 8 block whose rows are r[0..7] in place: afterwards r[p] holds column p.
+inline void transpose8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0x44);
+    u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0xEE);
+    u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+    u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// Transposes the 4 x 4 block whose rows are r[0..3] in place.
+inline void transpose4x4(__m256d r[4]) {
+  const __m256d t0 = _mm256_unpacklo_pd(r[0], r[1]), t1 = _mm256_unpackhi_pd(r[0], r[1]);
+  const __m256d t2 = _mm256_unpacklo_pd(r[2], r[3]), t3 = _mm256_unpackhi_pd(r[2], r[3]);
+  r[0] = _mm256_permute2f128_pd(t0, t2, 0x20);
+  r[1] = _mm256_permute2f128_pd(t1, t3, 0x20);
+  r[2] = _mm256_permute2f128_pd(t0, t2, 0x31);
+  r[3] = _mm256_permute2f128_pd(t1, t3, 0x31);
+}
+
+// One full panel of R rows that are contiguous along k (cs == 1): the transposing case, which
+// otherwise costs a scalar load and store per value. Handles p in [0, kc - kc % W); returns
+// how far it got so the caller finishes the tail.
+template <int R>
+inline index_t pack_panel_transposed(index_t kc, const float* src, index_t rs, float* dst) {
+  static_assert(R % 8 == 0 || R == 6, "float transposing pack handles R = 8n or 6");
+  const index_t kc8 = kc - kc % 8;
+  for (index_t p = 0; p < kc8; p += 8) {
+    for (int g = 0; g < (R + 7) / 8; ++g) {
+      __m256 r[8];
+      // R = 6 repeats row 5 into rows 6 and 7: valid addresses, and those lanes are not stored.
+      for (int i = 0; i < 8; ++i) {
+        const int row = 8 * g + i < R ? 8 * g + i : R - 1;
+        r[i] = _mm256_loadu_ps(src + row * rs + p);
+      }
+      transpose8x8(r);
+      for (int q = 0; q < 8; ++q) {
+        float* d = dst + (p + q) * R + g * 8;
+        if constexpr (R % 8 == 0) {
+          _mm256_store_ps(d, r[q]);
+        } else {
+          _mm_storeu_ps(d, _mm256_castps256_ps128(r[q]));
+          _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(r[q], 1));
+        }
+      }
+    }
+  }
+  return kc8;
+}
+
+template <int R>
+inline index_t pack_panel_transposed(index_t kc, const double* src, index_t rs, double* dst) {
+  static_assert(R % 4 == 0 || R == 6, "double transposing pack handles R = 4n or 6");
+  const index_t kc4 = kc - kc % 4;
+  for (index_t p = 0; p < kc4; p += 4) {
+    for (int g = 0; g < (R + 3) / 4; ++g) {
+      __m256d r[4];
+      for (int i = 0; i < 4; ++i) {
+        const int row = 4 * g + i < R ? 4 * g + i : R - 1;  // R = 6: rows 6, 7 repeat row 5
+        r[i] = _mm256_loadu_pd(src + row * rs + p);
+      }
+      transpose4x4(r);
+      for (int q = 0; q < 4; ++q) {
+        double* d = dst + (p + q) * R + g * 4;
+        if (4 * g + 4 <= R) {
+          _mm256_storeu_pd(d, r[q]);
+        } else {
+          _mm_storeu_pd(d, _mm256_castpd256_pd128(r[q]));
+        }
+      }
+    }
+  }
+  return kc4;
+}
+
+#endif  // KILN_GEMM_AVX2
+
+// Packs `rows` x kc values (see the file comment) into ceil(rows / R) panels at dst.
+// requires: dst has room for ceil(rows / R) * R * kc values.
+template <int R, class T, class Acc>
+inline void pack_panels(index_t rows, index_t kc, const T* KILN_RESTRICT src, index_t rs, index_t cs,
+                        Acc* KILN_RESTRICT dst) {
+  for (index_t r0 = 0; r0 < rows; r0 += R, src += R * rs, dst += R * kc) {
+    const index_t live = rows - r0 < R ? rows - r0 : R;
+    if (live == R && rs == 1) {
+      // Rows contiguous: each k step is one straight copy of R values.
+      for (index_t p = 0; p < kc; ++p) {
+        const T* s = src + p * cs;
+        Acc* d = dst + p * R;
+        for (int r = 0; r < R; ++r) d[r] = static_cast<Acc>(s[r]);
+      }
+      continue;
+    }
+    index_t p = 0;
+#if KILN_GEMM_AVX2
+    if constexpr (std::is_same_v<T, Acc>) {
+      if (live == R && cs == 1) p = pack_panel_transposed<R>(kc, src, rs, dst);
+    }
+#endif
+    // Tail, edge panels and f16/bf16: read along k (contiguous for cs == 1), write strided.
+    for (index_t r = 0; r < live; ++r) {
+      const T* s = src + r * rs;
+      for (index_t q = p; q < kc; ++q) dst[q * R + r] = static_cast<Acc>(s[q * cs]);
+    }
+    for (index_t r = live; r < R; ++r)
+      for (index_t q = p; q < kc; ++q) dst[q * R + r] = Acc(0);
+  }
+}
+
+}  // namespace kiln::cpu::detail

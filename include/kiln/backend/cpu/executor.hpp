@@ -1,0 +1,179 @@
+// kiln/backend/cpu/executor.hpp — the CPU executor: one loop per elementwise assignment.
+//
+// The loop over a flat (all-contiguous) expression is a plain indexed loop the compiler
+// vectorises; OpenMP splits it across threads when it is large enough to pay for the fork.
+// Everything the executor runs is counted in its LaunchStats.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kiln/config.hpp"
+#include "kiln/core/dtype.hpp"
+#include "kiln/core/stats.hpp"
+#include "kiln/core/temp_pool.hpp"
+#include "kiln/core/view.hpp"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace kiln {
+
+class CpuExecutor {
+ public:
+  using space = host;
+  static constexpr const char* name = "cpu";
+
+  // threads = 0: all OpenMP threads (1 without OpenMP).
+  explicit CpuExecutor(int threads = 0) : threads_(threads > 0 ? threads : hardware_threads()) {}
+
+  int threads() const { return threads_; }
+  LaunchStats& stats() { return stats_; }
+  const LaunchStats& stats() const { return stats_; }
+  TempPool<host>& temps() { return temps_; }
+
+  static int hardware_threads() {
+#if defined(_OPENMP)
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+  }
+
+  // Runs body(begin, end) over [0, n) split into contiguous chunks, in parallel when n is at
+  // least `grain` and more than one thread is allowed.
+  template <class Body>
+  void parallel_for(index_t n, index_t grain, Body&& body) const {
+    const int t = int(std::min<index_t>(threads_, std::max<index_t>(1, n / std::max<index_t>(grain, 1))));
+    if (t <= 1) {
+      if (n > 0) body(index_t(0), n);
+      return;
+    }
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(t) schedule(static)
+    for (int k = 0; k < t; ++k) {
+      const index_t b = n * k / t, e = n * (k + 1) / t;
+      if (b < e) body(b, e);
+    }
+#else
+    body(index_t(0), n);
+#endif
+  }
+
+  // dst = ev over dst's 2-D fold, as one "kernel".
+  template <class T, class Ext, class Ev>
+  void elementwise(const View<T, host, Ext>& dst, const Ev& ev, const std::string& name) {
+    const Shape& s = dst.shape();
+    const index_t n = s.size();
+    stats_.count(kind::elementwise, name, n, std::size_t(n) * sizeof(T));
+    if (n == 0) return;
+    T* KILN_RESTRICT out = dst.data();
+    if (ev.flat_ok() && dst.is_contiguous()) {
+      parallel_for(n, grain, [&](index_t b, index_t e) {
+        const Ev local = ev;  // a private copy keeps its pointers in registers
+        for (index_t i = b; i < e; ++i) out[i] = convert<T>(local.flat(i));
+      });
+      return;
+    }
+    const index_t rows = s.rows(), cols = s.cols();
+    const index_t drs = s.rank >= 2 ? dst.stride(s.rank - 2) : 0, dcs = s.rank >= 1 ? dst.stride(s.rank - 1) : 0;
+    check_collapsible(dst);
+    if (rows >= threads_ || rows * cols < grain) {
+      parallel_for(rows, std::max<index_t>(1, grain / std::max<index_t>(cols, 1)), [&](index_t rb, index_t re) {
+        const Ev local = ev;
+        for (index_t r = rb; r < re; ++r)
+          for (index_t c = 0; c < cols; ++c) out[r * drs + c * dcs] = convert<T>(local.at(r, c));
+      });
+    } else {  // few long rows: split the columns
+      for (index_t r = 0; r < rows; ++r)
+        parallel_for(cols, grain, [&](index_t cb, index_t ce) {
+          const Ev local = ev;
+          for (index_t c = cb; c < ce; ++c) out[r * drs + c * dcs] = convert<T>(local.at(r, c));
+        });
+    }
+  }
+
+  // Reduces ev over each row (per_row: out[r] for r < rows) or over everything (out[0]).
+  // Sums are pairwise over fixed blocks, so the result does not depend on the thread count.
+  template <class Op, class R, class Ev>
+  void reduce(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row) {
+    using T = typename Ev::value_type;
+    using Acc = typename Op::template acc_t<T>;
+    const index_t n = rows * cols;
+    stats_.count(kind::reduce, Op::name, n, std::size_t(n) * sizeof(T));
+    if (per_row) {
+      parallel_for(rows, std::max<index_t>(1, grain / std::max<index_t>(cols, 1)), [&](index_t rb, index_t re) {
+        const Ev local = ev;
+        for (index_t r = rb; r < re; ++r)
+          out[r] = R(Op::finish(pairwise<Op, T>([&](index_t c) { return local.at(r, c); }, 0, cols), cols));
+      });
+      return;
+    }
+    const bool flat = ev.flat_ok();
+    const index_t block = flat ? reduce_block : std::max<index_t>(cols, 1);
+    const index_t blocks = flat ? (n + block - 1) / block : rows;
+    std::vector<Acc> partial(std::size_t(std::max<index_t>(blocks, 1)), Op::template init<T>());
+    parallel_for(blocks, std::max<index_t>(1, grain / block), [&](index_t bb, index_t be) {
+      const Ev local = ev;
+      for (index_t k = bb; k < be; ++k) {
+        if (flat) {
+          const index_t b = k * block, e = std::min(n, b + block);
+          partial[std::size_t(k)] = pairwise<Op, T>([&](index_t i) { return local.flat(i); }, b, e);
+        } else {
+          Acc a = pairwise<Op, T>([&](index_t c) { return local.at(k, c); }, 0, cols);
+          if constexpr (requires { a.i; }) a.i = a.i < 0 ? a.i : a.i + k * cols;  // row index -> flat index
+          partial[std::size_t(k)] = a;
+        }
+      }
+    });
+    out[0] = R(Op::finish(merge_tree<Op, T>(partial.data(), 0, index_t(partial.size())), n));
+  }
+
+  // Elements per block of a whole-tensor reduction: fixed, so results are reproducible.
+  static constexpr index_t reduce_block = index_t(1) << 14;
+
+  // Elements per thread below which forking threads costs more than it saves.
+  static constexpr index_t grain = index_t(1) << 15;
+
+ private:
+  // Pairwise (cascade) reduction over [b, e): eight interleaved accumulators at the leaves, so
+  // the loop vectorises and rounding error grows like log(n), not n.
+  template <class Op, class T, class Get>
+  static auto pairwise(Get&& get, index_t b, index_t e) {
+    using Acc = typename Op::template acc_t<T>;
+    if (e - b <= 256) {
+      Acc lane[8];
+      for (auto& l : lane) l = Op::template init<T>();
+      index_t i = b;
+      for (; i + 8 <= e; i += 8)
+        for (int j = 0; j < 8; ++j) lane[j] = Op::combine(lane[j], T(get(i + j)), i + j);
+      for (; i < e; ++i) lane[0] = Op::combine(lane[0], T(get(i)), i);
+      return Op::merge(Op::merge(Op::merge(lane[0], lane[1]), Op::merge(lane[2], lane[3])),
+                       Op::merge(Op::merge(lane[4], lane[5]), Op::merge(lane[6], lane[7])));
+    }
+    const index_t mid = b + ((e - b) / 2 + 7) / 8 * 8;
+    return Op::merge(pairwise<Op, T>(get, b, mid), pairwise<Op, T>(get, mid, e));
+  }
+  template <class Op, class T, class Acc>
+  static Acc merge_tree(const Acc* p, index_t b, index_t e) {
+    if (e - b == 1) return p[b];
+    const index_t mid = b + (e - b) / 2;
+    return Op::merge(merge_tree<Op, T>(p, b, mid), merge_tree<Op, T>(p, mid, e));
+  }
+
+  template <class T, class Ext>
+  static void check_collapsible(const View<T, host, Ext>& v) {
+    const Shape& s = v.shape();
+    for (int i = s.rank - 3; i >= 0; --i)
+      KILN_CHECK(s[i] == 1 || s[i + 1] == 1 || v.stride(i) == v.stride(i + 1) * s[i + 1], ShapeError,
+                 "the destination view of shape ", s.str(), " is not evenly strided over its leading dimensions");
+  }
+
+  int threads_;
+  LaunchStats stats_;
+  TempPool<host> temps_;
+};
+
+}  // namespace kiln

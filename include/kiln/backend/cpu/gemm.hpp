@@ -1,0 +1,114 @@
+// kiln/backend/cpu/gemm.hpp — C = alpha * op(A) * op(B) + beta * C on the CPU.
+//
+// Row-major with BLAS semantics: op(A) is m x k, op(B) is k x n, C is m x n; element (i, j) of a
+// matrix with leading dimension ld sits at [i * ld + j]. beta == 0 never reads C (NaN garbage in
+// C is overwritten); alpha == 0 or k == 0 reads neither A nor B. float and double multiply in
+// their own type; kiln::f16 and kiln::bf16 inputs are summed and written in float.
+//
+//   kiln::cpu::gemm(trans::no, trans::yes, batch, 256, 400, 1.0f, x, 400, w, 400, 0.0f, y, 256);
+//
+// gemm() takes the backend chosen with set_gemm_backend (CBLAS by default when the build has one,
+// for float and double); gemm_own() always runs kiln's own blocked kernel.
+#pragma once
+
+#include <atomic>
+#include <type_traits>
+
+#include "kiln/config.hpp"
+#include "kiln/core/dtype.hpp"
+#include "kiln/core/error.hpp"
+
+#pragma push_macro("KILN_INTERNAL_INCLUDE")
+#define KILN_INTERNAL_INCLUDE
+#include "kiln/backend/cpu/detail/gemm_args.hpp"
+#include "kiln/backend/cpu/detail/gemm_cblas.hpp"
+#include "kiln/backend/cpu/detail/gemm_driver.hpp"
+#pragma pop_macro("KILN_INTERNAL_INCLUDE")
+
+namespace kiln::cpu {
+
+// op(X) = X (no) or X^T (yes).
+enum class trans { no, yes };
+
+// Who runs float/double products in gemm(). f16/bf16 always run on kiln's own kernel.
+enum class gemm_backend { own, cblas };
+
+// True when kiln was built against a CBLAS (KILN_HAVE_CBLAS).
+inline constexpr bool gemm_have_cblas =
+#if defined(KILN_HAVE_CBLAS)
+    true;
+#else
+    false;
+#endif
+
+namespace detail {
+inline std::atomic<gemm_backend>& gemm_backend_setting() {
+  static std::atomic<gemm_backend> setting{gemm_have_cblas ? gemm_backend::cblas : gemm_backend::own};
+  return setting;
+}
+}  // namespace detail
+
+// Process-wide choice for gemm(). Throws ValueError for cblas in a build without one.
+inline void set_gemm_backend(gemm_backend b) {
+  KILN_CHECK(b != gemm_backend::cblas || gemm_have_cblas, ValueError,
+             "kiln::cpu::set_gemm_backend(cblas): this build has no CBLAS (KILN_HAVE_CBLAS is not "
+             "defined); install OpenBLAS and reconfigure, or use gemm_backend::own");
+  detail::gemm_backend_setting().store(b, std::memory_order_relaxed);
+}
+inline gemm_backend current_gemm_backend() noexcept {
+  return detail::gemm_backend_setting().load(std::memory_order_relaxed);
+}
+
+// The type of alpha, beta and C for inputs of type T: float for float/f16/bf16, double for double.
+template <class T>
+using gemm_acc_t = typename detail::gemm_types<T>::acc;
+
+namespace detail {
+template <class T>
+void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m, index_t n, index_t k,
+                   gemm_acc_t<T> alpha, const T* a, index_t lda, const T* b, index_t ldb,
+                   gemm_acc_t<T> beta, gemm_acc_t<T>* c, index_t ldc, int threads) {
+  const bool at = ta == trans::yes, bt = tb == trans::yes;
+  check_gemm_args(fn, at, bt, m, n, k, a, lda, b, ldb, c, ldc, threads);
+#if defined(KILN_HAVE_CBLAS)
+  if constexpr (std::is_same_v<T, gemm_acc_t<T>>) {
+    if (use_cblas && cblas_can_take(m, n, k, lda, ldb, ldc)) {
+      cblas_gemm(at, bt, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
+      return;
+    }
+  }
+#else
+  (void)use_cblas;
+#endif
+  // op(A)(i, p) = a[i * a_rs + p * a_cs], op(B)(p, j) = b[p * b_ks + j * b_js].
+  gemm_blocked(gemm_problem<T, gemm_acc_t<T>>{m, n, k, alpha, beta, a, at ? 1 : lda, at ? lda : 1, b,
+                                               bt ? 1 : ldb, bt ? ldb : 1, c, ldc},
+               threads);
+}
+}  // namespace detail
+
+// kiln's own cache-blocked kernel, whatever the backend setting.
+// requires: m, n, k >= 0; lda >= row length of A as stored (k when ta == no, m when ta == yes),
+//   ldb >= (tb == no ? n : k), ldc >= n, otherwise ShapeError; threads >= 0, otherwise ValueError.
+// threads: upper bound on OpenMP threads, 0 = omp_get_max_threads(); small products and calls
+//   from inside a parallel region use one. Results do not depend on the thread count.
+// Steady state allocates nothing: packing buffers are reused per calling thread.
+template <class T>
+void gemm_own(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alpha, const T* a,
+              index_t lda, const T* b, index_t ldb, gemm_acc_t<T> beta, gemm_acc_t<T>* c, index_t ldc,
+              int threads = 0) {
+  detail::gemm_dispatch("kiln::cpu::gemm_own", false, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                        ldc, threads);
+}
+
+// Same contract as gemm_own; float/double go to CBLAS when current_gemm_backend() is cblas (with
+// OpenBLAS, threads > 0 becomes OpenBLAS's process-wide thread count).
+template <class T>
+void gemm(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alpha, const T* a,
+          index_t lda, const T* b, index_t ldb, gemm_acc_t<T> beta, gemm_acc_t<T>* c, index_t ldc,
+          int threads = 0) {
+  detail::gemm_dispatch("kiln::cpu::gemm", current_gemm_backend() == gemm_backend::cblas, ta, tb, m, n,
+                        k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
+}
+
+}  // namespace kiln::cpu

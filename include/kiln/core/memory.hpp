@@ -1,0 +1,34 @@
+// kiln/core/memory.hpp — how each memory space allocates; host memory is 64-byte aligned so
+// vector loads never straddle cache lines.
+#pragma once
+
+#include <cstddef>
+#include <new>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/space.hpp"
+
+namespace kiln {
+
+// memory_traits<Space>::allocate / deallocate. The cuda specialisation lives in
+// kiln/backend/cuda/memory.cuh; naming a cuda tensor without it is a compile error that says so.
+template <class Space>
+struct memory_traits {
+  static_assert(dependent_false<Space>,
+                "kiln: allocating cuda tensors needs #include <kiln/cuda.cuh> in a file compiled "
+                "by nvcc");
+};
+
+template <>
+struct memory_traits<host> {
+  static constexpr std::size_t alignment = 64;
+  static void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    return ::operator new(bytes, std::align_val_t(alignment));
+  }
+  static void deallocate(void* p, std::size_t /*bytes*/) noexcept {
+    if (p) ::operator delete(p, std::align_val_t(alignment));
+  }
+};
+
+}  // namespace kiln

@@ -1,0 +1,78 @@
+// kiln/core/stats.hpp — every kernel or library call is counted in one place.
+//
+// Each executor owns a LaunchStats. Counting is always on (an integer add); recording what ran
+// (name, elements, bytes moved) is a debug mode, switched on per executor. This is the base of
+// the fusion report: "this step ran 7 kernels: 3 gemm, 3 elementwise, 1 optimizer".
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/config.hpp"
+
+namespace kiln {
+
+// Kinds of launch, for reports by kind.
+namespace kind {
+inline constexpr const char* elementwise = "elementwise";
+inline constexpr const char* reduce = "reduce";
+inline constexpr const char* gemm = "gemm";
+inline constexpr const char* loss = "loss";
+inline constexpr const char* norm = "norm";
+inline constexpr const char* optimizer = "optimizer";
+inline constexpr const char* copy = "copy";
+inline constexpr const char* other = "other";
+}  // namespace kind
+
+struct LaunchRecord {
+  std::string kind;
+  std::string name;
+  index_t elements = 0;
+  std::size_t bytes = 0;
+};
+
+class LaunchStats {
+ public:
+  void count(const char* k, std::string_view name, index_t elements, std::size_t bytes) {
+    ++total_;
+    ++by_kind_[k];
+    if (recording_) records_.push_back({k, std::string(name), elements, bytes});
+  }
+  std::size_t launches() const { return total_; }
+  std::size_t launches(std::string_view k) const {
+    auto it = by_kind_.find(std::string(k));
+    return it == by_kind_.end() ? 0 : it->second;
+  }
+  const std::map<std::string, std::size_t>& by_kind() const { return by_kind_; }
+  const std::vector<LaunchRecord>& records() const { return records_; }
+  void set_recording(bool on) { recording_ = on; }
+  bool recording() const { return recording_; }
+  void reset() {
+    total_ = 0;
+    by_kind_.clear();
+    records_.clear();
+  }
+  // "7 launches: 3 gemm, 3 elementwise, 1 optimizer"
+  std::string summary() const {
+    std::ostringstream out;
+    out << total_ << (total_ == 1 ? " launch" : " launches");
+    const char* sep = ": ";
+    for (const auto& [k, n] : by_kind_) {
+      out << sep << n << ' ' << k;
+      sep = ", ";
+    }
+    return out.str();
+  }
+
+ private:
+  std::size_t total_ = 0;
+  std::map<std::string, std::size_t> by_kind_;
+  std::vector<LaunchRecord> records_;
+  bool recording_ = false;
+};
+
+}  // namespace kiln

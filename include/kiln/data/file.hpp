@@ -1,0 +1,127 @@
+// kiln/data/file.hpp — whole-file reads with transparent gzip, and the data-error format.
+//
+// Data files are small next to training time, so they are read whole: parsers then work on a
+// byte span and can name exact offsets in their errors. Offsets in parser errors count bytes of
+// the decompressed content, which is what a reader of the format sees.
+#pragma once
+
+#include <kiln/config.hpp>
+#include <kiln/core/error.hpp>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#if defined(KILN_HAVE_ZLIB) && KILN_HAVE_ZLIB
+#include <zlib.h>
+#define KILN_DATA_ZLIB 1
+#else
+#define KILN_DATA_ZLIB 0
+#endif
+
+namespace kiln::data {
+
+// Whether this build can read gzip files (the build found zlib and defined KILN_HAVE_ZLIB=1).
+inline constexpr bool have_zlib = KILN_DATA_ZLIB != 0;
+
+// Throws DataError "<file>: byte offset <offset>: <parts...>".
+template <class... Parts>
+[[noreturn]] void throw_data_error(const std::string& file, std::uint64_t offset,
+                                   const Parts&... parts) {
+  throw DataError(::kiln::detail::concat(file, ": byte offset ", offset, ": ", parts...));
+}
+
+// True when the bytes start with the gzip magic 1f 8b.
+inline bool is_gzip(std::span<const std::uint8_t> bytes) {
+  return bytes.size() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b;
+}
+
+// The file's bytes exactly as stored. Throws DataError naming the file when it cannot be read.
+inline std::vector<std::uint8_t> read_raw_file(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(::kiln::detail::concat(name, ": cannot open: ", std::strerror(errno)));
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size < 0) throw DataError(::kiln::detail::concat(name, ": cannot determine the file size"));
+  in.seekg(0, std::ios::beg);
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
+  if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size))
+    throw DataError(::kiln::detail::concat(name, ": read failed after ", in.gcount(), " of ", size, " bytes"));
+  return bytes;
+}
+
+// Inflates gzip data (one or more concatenated members, as `cat a.gz b.gz` makes). `name` only
+// labels errors; their offsets count compressed bytes.
+inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> packed, const std::string& name) {
+#if KILN_DATA_ZLIB
+  std::vector<std::uint8_t> out;
+  // The last four bytes hold the (last member's) size mod 2^32: a good first guess.
+  std::size_t guess = packed.size() * 4;
+  if (packed.size() >= 4) {
+    const std::size_t n = packed.size();
+    guess = std::size_t{packed[n - 4]} | std::size_t{packed[n - 3]} << 8 |
+            std::size_t{packed[n - 2]} << 16 | std::size_t{packed[n - 1]} << 24;
+  }
+  out.resize(std::max<std::size_t>(guess, 1024));
+
+  z_stream zs{};
+  // 15 + 16: a gzip wrapper is required (a raw zlib stream is not a .gz file).
+  if (inflateInit2(&zs, 15 + 16) != Z_OK) throw DataError(::kiln::detail::concat(name, ": zlib init failed"));
+  std::size_t in_pos = 0, out_pos = 0;
+  // zlib counts in 32-bit uInt: feed at most 1 GiB at a time.
+  constexpr std::size_t chunk = std::size_t{1} << 30;
+  for (;;) {
+    if (out_pos == out.size()) out.resize(out.size() * 2);
+    zs.next_in = const_cast<Bytef*>(packed.data() + in_pos);  // zlib's API is not const-correct
+    zs.avail_in = static_cast<uInt>(std::min(chunk, packed.size() - in_pos));
+    zs.next_out = out.data() + out_pos;
+    zs.avail_out = static_cast<uInt>(std::min(chunk, out.size() - out_pos));
+    const uInt in_before = zs.avail_in, out_before = zs.avail_out;
+    const int rc = inflate(&zs, Z_NO_FLUSH);
+    in_pos += in_before - zs.avail_in;
+    out_pos += out_before - zs.avail_out;
+    if (rc == Z_STREAM_END) {
+      // Another member may follow; anything else after the end is an error (not silently kept).
+      if (in_pos == packed.size()) break;
+      if (!is_gzip(packed.subspan(in_pos))) {
+        inflateEnd(&zs);
+        throw_data_error(name, in_pos, "unexpected bytes after the end of the gzip stream");
+      }
+      inflateReset(&zs);
+      continue;
+    }
+    if (rc == Z_OK) continue;
+    if (rc == Z_BUF_ERROR && in_pos == packed.size() && zs.avail_out > 0) {
+      inflateEnd(&zs);
+      throw_data_error(name, in_pos, "gzip stream is truncated (compressed file ends early)");
+    }
+    if (rc == Z_BUF_ERROR) continue;  // no progress possible yet: more output room next turn
+    const std::string why = zs.msg ? zs.msg : "error " + std::to_string(rc);
+    inflateEnd(&zs);
+    throw_data_error(name, in_pos, "corrupt gzip data: ", why);
+  }
+  inflateEnd(&zs);
+  out.resize(out_pos);
+  return out;
+#else
+  (void)packed;
+  throw DataError(::kiln::detail::concat(name, ": is gzip-compressed, and reading gzip requires zlib: "
+                                       "build with zlib (KILN_HAVE_ZLIB=1) or decompress it first"));
+#endif
+}
+
+// The file's content, decompressed when it starts with the gzip magic (whatever its name).
+inline std::vector<std::uint8_t> read_file(const std::filesystem::path& path) {
+  std::vector<std::uint8_t> bytes = read_raw_file(path);
+  if (is_gzip(bytes)) return gunzip(bytes, path.string());
+  return bytes;
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,100 @@
+// kiln/expr/assign.hpp — `assign(dst, expr, exec)`: evaluates an expression into a tensor.
+//
+// Under stance::fused (the default) an elementwise expression runs as ONE kernel. In-place
+// updates (`x = x * 2 + y`) are allowed because each element is read before it is written at
+// the same index; any other overlap between the destination and an operand would read data
+// already overwritten, and is an AliasError.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kiln/core/tensor.hpp"
+#include "kiln/expr/evaluator.hpp"
+#include "kiln/expr/lower.hpp"
+#include "kiln/expr/node.hpp"
+#include "kiln/policy/stance.hpp"
+
+namespace kiln {
+
+namespace detail {
+
+// The byte range [lo, hi) a view can touch.
+template <class V>
+std::pair<const char*, const char*> byte_range(const V& v) {
+  using T = typename V::value_type;
+  if (v.size() == 0) return {nullptr, nullptr};
+  index_t lo = 0, hi = 0;
+  for (int i = 0; i < v.shape().rank; ++i) {
+    const index_t ext = (v.dim(i) - 1) * v.stride(i);
+    (ext < 0 ? lo : hi) += ext;
+  }
+  auto base = reinterpret_cast<const char*>(v.data());
+  return {base + lo * index_t(sizeof(T)), base + (hi + 1) * index_t(sizeof(T))};
+}
+
+template <class D, class V>
+void check_alias(const D& dst, const V& leaf) {
+  const auto [dl, dh] = byte_range(dst);
+  const auto [ll, lh] = byte_range(leaf);
+  if (dl == nullptr || ll == nullptr || lh <= dl || dh <= ll) return;
+  const bool same_walk = static_cast<const void*>(leaf.data()) == static_cast<const void*>(dst.data()) &&
+                         sizeof(typename V::value_type) == sizeof(typename D::value_type) &&
+                         leaf.shape() == dst.shape() && leaf.strides() == dst.strides();
+  KILN_CHECK(same_walk, AliasError, "the destination (shape ", dst.shape().str(),
+             ") overlaps an operand of shape ", leaf.shape().str(),
+             " that it does not match element for element; evaluating in place would read values "
+             "already overwritten: assign into a separate tensor");
+}
+
+template <class X>
+auto as_dst_view(X&& x) {
+  using D = std::remove_cvref_t<X>;
+  if constexpr (is_tensor_v<D>) {
+    static_assert(!std::is_const_v<std::remove_reference_t<X>>, "kiln: the destination of an assignment is const");
+    return x.view();
+  } else {
+    static_assert(is_view_v<D>, "kiln: the destination of an assignment must be a Tensor or a View");
+    static_assert(!std::is_const_v<typename D::element_type>,
+                  "kiln: the destination of an assignment is a view of const elements");
+    return x;
+  }
+}
+
+}  // namespace detail
+
+template <class Stance = stance::fused, class Dst, class Src, class Exec>
+void assign(Dst&& dst, Src&& src, Exec& exec) {
+  static_assert(stance::is_stance_v<Stance>, "kiln: assign's template argument must be a stance (kiln::stance::fused or kiln::stance::force_eager)");
+  auto d = detail::as_dst_view(dst);
+  using D = decltype(d);
+  auto e = [&] {
+    if constexpr (std::is_arithmetic_v<std::remove_cvref_t<Src>>) {
+      return Scalar<compute_t<typename D::value_type>>{compute_t<typename D::value_type>(src)};
+    } else {
+      return as_expr(std::forward<Src>(src));
+    }
+  }();
+  using E = decltype(e);
+  static_assert(std::is_same_v<typename D::space, typename Exec::space>,
+                "kiln: the executor runs in a different memory space than the destination tensor");
+  using Space = common_space_t<typename D::space, typename E::space>;
+  static_assert(std::is_same_v<Space, typename Exec::space>);
+  using Checked = broadcast_extents_t<typename D::extents_type, typename E::extents_type>;
+  (void)sizeof(Checked);
+
+  TempList<typename Exec::space> temps;
+  if constexpr (is_boundary_v<E>) {
+    KILN_CHECK(e.shape() == d.shape(), ShapeError, "cannot assign a result of shape ", e.shape().str(),
+               " to a tensor of shape ", d.shape().str());
+    e.template evaluate_into<Stance>(d, exec);
+  } else {
+    auto l = lower_children<Stance>(e, exec, temps);
+    KILN_CHECK(broadcast_shapes(l.shape(), d.shape()) == d.shape(), ShapeError, "cannot assign an expression of shape ",
+               l.shape().str(), " to a tensor of shape ", d.shape().str());
+    for_each_view(l, [&](const auto& leaf) { detail::check_alias(d, leaf); });
+    exec.elementwise(d, Evaluator<decltype(l)>(l, d.shape()), describe_launch(l, exec));
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,82 @@
+// kiln/expr/reduce_ops.hpp — reduction operators shared by the CPU and CUDA executors.
+//
+// An operator gives init / combine (fold one element, with its index) / merge (join two partial
+// results, left before right) / finish (the result from the accumulator and the count). merge
+// keeps the lower index on ties, so argmax is the FIRST maximum whatever the partitioning.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "kiln/config.hpp"
+
+namespace kiln::red {
+
+struct Sum {
+  static constexpr const char* name = "sum";
+  template <class T> using acc_t = T;
+  template <class T> using result_t = T;
+  template <class T> KILN_HOST_DEVICE static T init() { return T(0); }
+  template <class T> KILN_HOST_DEVICE static T combine(T acc, T v, index_t) { return acc + v; }
+  template <class T> KILN_HOST_DEVICE static T merge(T a, T b) { return a + b; }
+  template <class T> KILN_HOST_DEVICE static T finish(T acc, index_t) { return acc; }
+};
+
+struct Mean : Sum {
+  static constexpr const char* name = "mean";
+  template <class T> KILN_HOST_DEVICE static T finish(T acc, index_t n) { return n ? acc / T(n) : std::numeric_limits<T>::quiet_NaN(); }
+};
+
+// max / min propagate NaN, as PyTorch does.
+struct Max {
+  static constexpr const char* name = "max";
+  template <class T> using acc_t = T;
+  template <class T> using result_t = T;
+  template <class T> KILN_HOST_DEVICE static T init() { return -std::numeric_limits<T>::infinity(); }
+  template <class T> KILN_HOST_DEVICE static T combine(T acc, T v, index_t) { return merge(acc, v); }
+  template <class T> KILN_HOST_DEVICE static T merge(T a, T b) { return (a != a || a >= b) ? a : b; }
+  template <class T> KILN_HOST_DEVICE static T finish(T acc, index_t) { return acc; }
+};
+struct Min {
+  static constexpr const char* name = "min";
+  template <class T> using acc_t = T;
+  template <class T> using result_t = T;
+  template <class T> KILN_HOST_DEVICE static T init() { return std::numeric_limits<T>::infinity(); }
+  template <class T> KILN_HOST_DEVICE static T combine(T acc, T v, index_t) { return merge(acc, v); }
+  template <class T> KILN_HOST_DEVICE static T merge(T a, T b) { return (a != a || a <= b) ? a : b; }
+  template <class T> KILN_HOST_DEVICE static T finish(T acc, index_t) { return acc; }
+};
+
+template <class T>
+struct ValueIndex {
+  T v;
+  index_t i;
+};
+
+// argmax / argmin: the index (within the reduced range) of the first extreme value.
+template <bool Greatest>
+struct ArgExtreme {
+  static constexpr const char* name = Greatest ? "argmax" : "argmin";
+  template <class T> using acc_t = ValueIndex<T>;
+  template <class T> using result_t = std::int64_t;
+  template <class T> KILN_HOST_DEVICE static ValueIndex<T> init() {
+    return {Greatest ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity(), index_t(-1)};
+  }
+  template <class T> KILN_HOST_DEVICE static ValueIndex<T> combine(ValueIndex<T> acc, T v, index_t i) {
+    return merge(acc, ValueIndex<T>{v, i});
+  }
+  template <class T> KILN_HOST_DEVICE static ValueIndex<T> merge(ValueIndex<T> a, ValueIndex<T> b) {
+    if (a.i < 0) return b;
+    if (b.i < 0) return a;
+    if (a.v != a.v) return a;  // the first NaN wins, as in PyTorch
+    if (b.v != b.v) return b;
+    const bool b_better = Greatest ? b.v > a.v : b.v < a.v;
+    if (b_better || (b.v == a.v && b.i < a.i)) return b;
+    return a;
+  }
+  template <class T> KILN_HOST_DEVICE static std::int64_t finish(ValueIndex<T> acc, index_t) { return acc.i < 0 ? 0 : acc.i; }
+};
+using ArgMax = ArgExtreme<true>;
+using ArgMin = ArgExtreme<false>;
+
+}  // namespace kiln::red
