@@ -8,6 +8,7 @@
 #include <kiln/config.hpp>
 #include <kiln/core/error.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -62,12 +63,15 @@ inline std::vector<std::uint8_t> read_raw_file(const std::filesystem::path& path
 inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> packed, const std::string& name) {
 #if KILN_DATA_ZLIB
   std::vector<std::uint8_t> out;
-  // The last four bytes hold the (last member's) size mod 2^32: a good first guess.
+  // The last four bytes of an intact single-member file hold its size mod 2^32: a good first
+  // guess. A truncated or corrupt file's "trailer" is arbitrary, so a guess beyond deflate's
+  // largest ratio (about 1032:1) is not believed; the buffer doubles as needed either way.
   std::size_t guess = packed.size() * 4;
   if (packed.size() >= 4) {
     const std::size_t n = packed.size();
-    guess = std::size_t{packed[n - 4]} | std::size_t{packed[n - 3]} << 8 |
-            std::size_t{packed[n - 2]} << 16 | std::size_t{packed[n - 1]} << 24;
+    const std::size_t trailer = std::size_t{packed[n - 4]} | std::size_t{packed[n - 3]} << 8 |
+                                std::size_t{packed[n - 2]} << 16 | std::size_t{packed[n - 1]} << 24;
+    if (trailer <= n * 1032) guess = trailer;
   }
   out.resize(std::max<std::size_t>(guess, 1024));
 

@@ -63,7 +63,7 @@ struct LoaderOptions {
   // Runs on each assembled batch (on a worker thread when workers > 0), e.g. augmentation or
   // normalisation. Must be thread-safe when workers > 1; for randomness, derive it from
   // (epoch, index) with kiln/core/random.hpp so results do not depend on thread timing.
-  std::function<void(Batch&)> transform;
+  std::function<void(Batch&)> transform = {};
 };
 
 class Loader {

@@ -50,7 +50,7 @@ auto materialize(const E& node, Exec& exec, TempList<typename Exec::space>& temp
 // The node with its children lowered; the node itself is kept (it becomes the kernel's root).
 template <class Stance, class E, class Exec>
 auto lower_children(const E& e, Exec& exec, TempList<typename Exec::space>& temps) {
-  if constexpr (is_view_v<E> || is_scalar_leaf_v<E>) {
+  if constexpr (is_leaf_v<E>) {
     return e;
   } else if constexpr (requires { e.c; }) {
     auto a = lower<Stance>(e.a, exec, temps);
@@ -72,7 +72,7 @@ auto lower_children(const E& e, Exec& exec, TempList<typename Exec::space>& temp
 
 template <class Stance, class E, class Exec>
 auto lower(const E& e, Exec& exec, TempList<typename Exec::space>& temps) {
-  if constexpr (is_view_v<E> || is_scalar_leaf_v<E>) {
+  if constexpr (is_leaf_v<E>) {
     return e;
   } else if constexpr (is_boundary_v<E>) {
     return materialize<Stance>(e, exec, temps);
@@ -88,6 +88,8 @@ template <class E, class F>
 void for_each_view(const E& e, F&& f) {
   if constexpr (is_view_v<E>) {
     f(e);
+  } else if constexpr (custom_leaf<E>) {
+    f(e.view);
   } else if constexpr (is_scalar_leaf_v<E>) {
   } else {
     for_each_view(e.a, f);
@@ -99,7 +101,7 @@ void for_each_view(const E& e, F&& f) {
 // "fused[mul,add,max]": the functors a kernel runs, in evaluation order.
 template <class E>
 void describe_ops(const E& e, std::string& out) {
-  if constexpr (is_view_v<E> || is_scalar_leaf_v<E>) {
+  if constexpr (is_leaf_v<E>) {
   } else {
     describe_ops(e.a, out);
     if constexpr (requires { e.b; }) describe_ops(e.b, out);

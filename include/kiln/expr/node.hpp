@@ -37,13 +37,25 @@ inline constexpr bool is_scalar_leaf_v<Scalar<T>> = true;
 template <class X>
 inline constexpr bool is_node_v = std::is_base_of_v<ExprNode, X>;
 
+// Leaf types other than views and scalars (autograd's variables) declare `is_leaf_node`.
+template <class X>
+concept custom_leaf = requires { X::is_leaf_node; };
+
+template <class X>
+inline constexpr bool is_leaf_v = is_view_v<X> || is_scalar_leaf_v<X> || custom_leaf<X>;
+
 // Anything `assign` can evaluate: a node, a view or a scalar leaf.
 template <class X>
-inline constexpr bool is_expr_v = is_node_v<X> || is_view_v<X> || is_scalar_leaf_v<X>;
+inline constexpr bool is_expr_v = is_node_v<X> || is_leaf_v<X>;
 
 // What may appear as an operand of a kiln operator: an expression or a tensor.
+// Types that become leaves through `to_leaf(x)` found by ADL (autograd variables) say so here.
 template <class X>
-inline constexpr bool is_operand_v = is_expr_v<std::remove_cvref_t<X>> || is_tensor_v<std::remove_cvref_t<X>>;
+concept leaf_convertible = requires(const X& x) { to_leaf(x); };
+
+template <class X>
+inline constexpr bool is_operand_v = is_expr_v<std::remove_cvref_t<X>> || is_tensor_v<std::remove_cvref_t<X>> ||
+                                     leaf_convertible<std::remove_cvref_t<X>>;
 
 // The type an expression computes in (half types compute in float).
 template <class E>
@@ -116,6 +128,8 @@ decltype(auto) as_expr(X&& x) {
   using D = std::remove_cvref_t<X>;
   if constexpr (is_tensor_v<D>) {
     return typename D::const_view_type(std::as_const(x).view());
+  } else if constexpr (leaf_convertible<D>) {
+    return to_leaf(x);
   } else {
     return D(std::forward<X>(x));
   }

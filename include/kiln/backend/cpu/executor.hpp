@@ -14,6 +14,7 @@
 #include "kiln/core/stats.hpp"
 #include "kiln/core/temp_pool.hpp"
 #include "kiln/core/view.hpp"
+#include "kiln/backend/cpu/gemm.hpp"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -93,6 +94,34 @@ class CpuExecutor {
           for (index_t c = cb; c < ce; ++c) out[r * drs + c * dcs] = convert<T>(local.at(r, c));
         });
     }
+  }
+
+  // Runs kernel(r, c) for every element of a [rows, cols] fold as one "kernel" of kind k.
+  // The kernel must only write locations owned by its element (parallel execution).
+  template <class Kernel>
+  void for_each_element(index_t rows, index_t cols, const Kernel& kernel, const char* k, const std::string& name,
+                        std::size_t bytes) {
+    stats_.count(k, name, rows * cols, bytes);
+    if (rows == 1) {
+      parallel_for(cols, grain, [&](index_t cb, index_t ce) {
+        for (index_t c = cb; c < ce; ++c) kernel(index_t(0), c);
+      });
+      return;
+    }
+    parallel_for(rows, std::max<index_t>(1, grain / std::max<index_t>(cols, 1)), [&](index_t rb, index_t re) {
+      for (index_t r = rb; r < re; ++r)
+        for (index_t c = 0; c < cols; ++c) kernel(r, c);
+    });
+  }
+
+  // C = alpha·op(A)·op(B) + beta·C, row-major (see kiln/backend/cpu/gemm.hpp).
+  template <class T, class C>
+  void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
+            index_t ldb, float beta, C* c, index_t ldc) {
+    stats_.count(kind::gemm, "gemm", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
+    using Acc = cpu::gemm_acc_t<T>;
+    cpu::gemm<T>(ta ? cpu::trans::yes : cpu::trans::no, tb ? cpu::trans::yes : cpu::trans::no, m, n, k, Acc(alpha),
+                 a, lda, b, ldb, Acc(beta), c, ldc, threads_);
   }
 
   // Reduces ev over each row (per_row: out[r] for r < rows) or over everything (out[0]).

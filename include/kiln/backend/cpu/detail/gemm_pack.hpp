@@ -49,20 +49,19 @@ inline void transpose4x4(__m256d r[4]) {
   r[3] = _mm256_permute2f128_pd(t1, t3, 0x31);
 }
 
-// One full panel of R rows that are contiguous along k (cs == 1): the transposing case, which
-// otherwise costs a scalar load and store per value. Handles p in [0, kc - kc % W); returns
-// how far it got so the caller finishes the tail.
+// One panel of R rows (`live` of them real, the rest zero) that are contiguous along k
+// (cs == 1): the transposing case, which otherwise costs a scalar load and store per value.
+// Handles p in [0, kc - kc % W); returns how far it got so the caller finishes the tail.
 template <int R>
-inline index_t pack_panel_transposed(index_t kc, const float* src, index_t rs, float* dst) {
+inline index_t pack_panel_transposed(index_t kc, const float* src, index_t rs, index_t live, float* dst) {
   static_assert(R % 8 == 0 || R == 6, "float transposing pack handles R = 8n or 6");
   const index_t kc8 = kc - kc % 8;
   for (index_t p = 0; p < kc8; p += 8) {
     for (int g = 0; g < (R + 7) / 8; ++g) {
       __m256 r[8];
-      // R = 6 repeats row 5 into rows 6 and 7: valid addresses, and those lanes are not stored.
       for (int i = 0; i < 8; ++i) {
-        const int row = 8 * g + i < R ? 8 * g + i : R - 1;
-        r[i] = _mm256_loadu_ps(src + row * rs + p);
+        const int row = 8 * g + i;  // R = 6: rows 6 and 7 are zero and never stored
+        r[i] = row < live ? _mm256_loadu_ps(src + row * rs + p) : _mm256_setzero_ps();
       }
       transpose8x8(r);
       for (int q = 0; q < 8; ++q) {
@@ -80,15 +79,15 @@ inline index_t pack_panel_transposed(index_t kc, const float* src, index_t rs, f
 }
 
 template <int R>
-inline index_t pack_panel_transposed(index_t kc, const double* src, index_t rs, double* dst) {
+inline index_t pack_panel_transposed(index_t kc, const double* src, index_t rs, index_t live, double* dst) {
   static_assert(R % 4 == 0 || R == 6, "double transposing pack handles R = 4n or 6");
   const index_t kc4 = kc - kc % 4;
   for (index_t p = 0; p < kc4; p += 4) {
     for (int g = 0; g < (R + 3) / 4; ++g) {
       __m256d r[4];
       for (int i = 0; i < 4; ++i) {
-        const int row = 4 * g + i < R ? 4 * g + i : R - 1;  // R = 6: rows 6, 7 repeat row 5
-        r[i] = _mm256_loadu_pd(src + row * rs + p);
+        const int row = 4 * g + i;
+        r[i] = row < live ? _mm256_loadu_pd(src + row * rs + p) : _mm256_setzero_pd();
       }
       transpose4x4(r);
       for (int q = 0; q < 4; ++q) {
@@ -113,22 +112,27 @@ inline void pack_panels(index_t rows, index_t kc, const T* KILN_RESTRICT src, in
                         Acc* KILN_RESTRICT dst) {
   for (index_t r0 = 0; r0 < rows; r0 += R, src += R * rs, dst += R * kc) {
     const index_t live = rows - r0 < R ? rows - r0 : R;
-    if (live == R && rs == 1) {
-      // Rows contiguous: each k step is one straight copy of R values.
+    if (rs == 1) {
+      // Rows contiguous: each k step is one straight copy (full panels: a fixed-length one).
       for (index_t p = 0; p < kc; ++p) {
         const T* s = src + p * cs;
         Acc* d = dst + p * R;
-        for (int r = 0; r < R; ++r) d[r] = static_cast<Acc>(s[r]);
+        if (live == R) {
+          for (int r = 0; r < R; ++r) d[r] = static_cast<Acc>(s[r]);
+        } else {
+          for (index_t r = 0; r < live; ++r) d[r] = static_cast<Acc>(s[r]);
+          for (index_t r = live; r < R; ++r) d[r] = Acc(0);
+        }
       }
       continue;
     }
     index_t p = 0;
 #if KILN_GEMM_AVX2
     if constexpr (std::is_same_v<T, Acc>) {
-      if (live == R && cs == 1) p = pack_panel_transposed<R>(kc, src, rs, dst);
+      if (cs == 1) p = pack_panel_transposed<R>(kc, src, rs, live, dst);
     }
 #endif
-    // Tail, edge panels and f16/bf16: read along k (contiguous for cs == 1), write strided.
+    // k tail and f16/bf16: read along k (contiguous when cs == 1), write strided.
     for (index_t r = 0; r < live; ++r) {
       const T* s = src + r * rs;
       for (index_t q = p; q < kc; ++q) dst[q * R + r] = static_cast<Acc>(s[q * cs]);

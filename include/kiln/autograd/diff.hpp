@@ -1,0 +1,262 @@
+// kiln/autograd/diff.hpp — the backward of a fused elementwise expression, derived at compile
+// time from the forward expression's type.
+//
+// Diff<E> mirrors Evaluator<E>: fwd(r, c) computes the element's forward values bottom-up into
+// a record (a struct shaped like the expression), and bwd(record, adjoint, r, c) walks it
+// top-down applying each functor's partial derivatives (the chain rule). One kernel over the
+// output therefore writes the gradients of ALL inputs in one pass.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "kiln/autograd/var.hpp"
+#include "kiln/expr/evaluator.hpp"
+#include "kiln/expr/lower.hpp"
+#include "kiln/expr/reduce_ops.hpp"
+
+namespace kiln::ag {
+
+// Host-side bookkeeping for one backward kernel: which variables it writes, which broadcast
+// inputs need their adjoints reduced afterwards.
+template <class Exec>
+struct BackwardPlan {
+  Exec& exec;
+  std::vector<VarNode*> seen;
+  std::vector<VarNode*> written;
+  TempList<typename Exec::space> temps;
+  std::vector<std::function<void()>> after;  // reductions of broadcast inputs' adjoints
+
+  // Whether this occurrence adds to the gradient (true) or writes it (first contribution).
+  bool claim(VarNode* n) {
+    for (VarNode* s : seen)
+      if (s == n) return true;
+    seen.push_back(n);
+    written.push_back(n);
+    return n->grad_valid;
+  }
+  void finish() {
+    for (auto& f : after) f();
+    for (VarNode* n : written) n->grad_valid = true;
+  }
+};
+
+template <class E>
+class Diff;
+
+// Leaves that are not variables: values only.
+template <class L>
+class LeafDiff {
+ public:
+  using value_type = typename Evaluator<L>::value_type;
+  struct Rec {
+    value_type v;
+  };
+  template <class Plan>
+  LeafDiff(const L& l, const Shape& dst, Plan&) : ev_(l, dst) {}
+  KILN_HOST_DEVICE Rec fwd(index_t r, index_t c) const { return {ev_.at(r, c)}; }
+  KILN_HOST_DEVICE void bwd(const Rec&, value_type, index_t, index_t) const {}
+
+ private:
+  Evaluator<L> ev_;
+};
+template <class T, class S, class Ext>
+class Diff<View<T, S, Ext>> : public LeafDiff<View<T, S, Ext>> {
+  using LeafDiff<View<T, S, Ext>>::LeafDiff;
+};
+template <class T>
+class Diff<Scalar<T>> : public LeafDiff<Scalar<T>> {
+  using LeafDiff<Scalar<T>>::LeafDiff;
+};
+
+// A variable: its adjoint goes to its gradient, or — when it is broadcast in the expression —
+// to a full-size scratch buffer that is summed down to its shape after the kernel.
+template <class T, class S, class Ext>
+class Diff<VarLeaf<T, S, Ext>> {
+ public:
+  using value_type = compute_t<T>;
+  struct Rec {
+    value_type v;
+  };
+  template <class Plan>
+  Diff(const VarLeaf<T, S, Ext>& l, const Shape& dst, Plan& plan) : ev_(l, dst) {
+    VarData<T, S, Ext>& d = *l.owner;
+    if (!d.requires_grad) return;
+    const index_t rows = dst.rows(), cols = dst.cols();
+    rs_ = cols;
+    if (l.shape().size() == dst.size()) {
+      add_ = plan.claim(&d);
+      g_ = d.ensure_grad();
+      return;
+    }
+    // Broadcast input: write adjoints densely, then reduce them to the input's shape.
+    auto buf = plan.exec.temps().take(std::size_t(dst.size()) * sizeof(T));
+    g_ = static_cast<T*>(buf.get());
+    plan.temps.push_back(std::move(buf));
+    const bool add = plan.claim(&d);
+    const LeafStrides ls = fold_strides(l.shape(), l.view.strides(), true, dst);
+    T* scratch = g_;
+    auto* exec = &plan.exec;
+    plan.after.push_back([=, &d] {
+      T* out = d.ensure_grad();
+      auto sum_into = [&](T* o, auto&&... reduce_args) {
+        exec->template reduce<red::Sum>(o, reduce_args...);
+      };
+      // The reduced values land in a scratch vector when they must be added to the gradient.
+      typename TempPool<S>::Buffer tmp;
+      T* target = out;
+      if (add) {
+        tmp = exec->temps().take(std::size_t(d.value.size()) * sizeof(T));
+        target = static_cast<T*>(tmp.get());
+      }
+      if (ls.rs == 0 && ls.cs == 0) {  // a scalar: sum everything
+        View<const T, S, extents<dyn>> all(scratch, Shape{rows * cols});
+        sum_into(target, Evaluator<decltype(all)>(all, all.shape()), index_t(1), rows * cols, false);
+      } else if (ls.rs == 0) {  // a row broadcast over rows: sum each column
+        View<const T, S, extents<dyn, dyn>> t(scratch, Shape{cols, rows}, {1, cols});
+        sum_into(target, Evaluator<decltype(t)>(t, t.shape()), cols, rows, true);
+      } else {  // a column broadcast over columns: sum each row
+        View<const T, S, extents<dyn, dyn>> m(scratch, Shape{rows, cols});
+        sum_into(target, Evaluator<decltype(m)>(m, m.shape()), rows, cols, true);
+      }
+      if (add) {
+        View<T, S, extents<dyn>> gv(out, Shape{d.value.size()});
+        View<const T, S, extents<dyn>> tv(target, Shape{d.value.size()});
+        assign(gv, gv + tv, *exec);
+      }
+    });
+  }
+  KILN_HOST_DEVICE Rec fwd(index_t r, index_t c) const { return {ev_.at(r, c)}; }
+  KILN_HOST_DEVICE void bwd(const Rec&, value_type adj, index_t r, index_t c) const {
+    if (!g_) return;
+    T& g = g_[r * rs_ + c];
+    g = add_ ? T(compute_t<T>(g) + adj) : T(adj);
+  }
+
+ private:
+  Evaluator<VarLeaf<T, S, Ext>> ev_;
+  T* g_ = nullptr;
+  index_t rs_ = 0;
+  bool add_ = false;
+};
+
+template <class F, class A>
+class Diff<Unary<F, A>> {
+ public:
+  using value_type = typename Unary<F, A>::value_type;
+  struct Rec {
+    value_type v;
+    typename Diff<A>::Rec a;
+  };
+  template <class Plan>
+  Diff(const Unary<F, A>& n, const Shape& dst, Plan& plan) : f_(n.f), a_(n.a, dst, plan) {}
+  KILN_HOST_DEVICE Rec fwd(index_t r, index_t c) const {
+    const auto ra = a_.fwd(r, c);
+    return {f_(value_type(ra.v)), ra};
+  }
+  KILN_HOST_DEVICE void bwd(const Rec& rec, value_type adj, index_t r, index_t c) const {
+    a_.bwd(rec.a, adj * f_.d(value_type(rec.a.v)), r, c);
+  }
+
+ private:
+  F f_;
+  Diff<A> a_;
+};
+
+template <class F, class A, class B>
+class Diff<Binary<F, A, B>> {
+ public:
+  using value_type = typename Binary<F, A, B>::value_type;
+  struct Rec {
+    value_type v;
+    typename Diff<A>::Rec a;
+    typename Diff<B>::Rec b;
+  };
+  template <class Plan>
+  Diff(const Binary<F, A, B>& n, const Shape& dst, Plan& plan) : f_(n.f), a_(n.a, dst, plan), b_(n.b, dst, plan) {}
+  KILN_HOST_DEVICE Rec fwd(index_t r, index_t c) const {
+    const auto ra = a_.fwd(r, c);
+    const auto rb = b_.fwd(r, c);
+    return {f_(value_type(ra.v), value_type(rb.v)), ra, rb};
+  }
+  KILN_HOST_DEVICE void bwd(const Rec& rec, value_type adj, index_t r, index_t c) const {
+    const value_type va = value_type(rec.a.v), vb = value_type(rec.b.v);
+    a_.bwd(rec.a, adj * f_.d0(va, vb), r, c);
+    b_.bwd(rec.b, adj * f_.d1(va, vb), r, c);
+  }
+
+ private:
+  F f_;
+  Diff<A> a_;
+  Diff<B> b_;
+};
+
+template <class F, class A, class B, class C>
+class Diff<Ternary<F, A, B, C>> {
+ public:
+  using value_type = typename Ternary<F, A, B, C>::value_type;
+  struct Rec {
+    value_type v;
+    typename Diff<A>::Rec a;
+    typename Diff<B>::Rec b;
+    typename Diff<C>::Rec c;
+  };
+  template <class Plan>
+  Diff(const Ternary<F, A, B, C>& n, const Shape& dst, Plan& plan)
+      : f_(n.f), a_(n.a, dst, plan), b_(n.b, dst, plan), c_(n.c, dst, plan) {}
+  KILN_HOST_DEVICE Rec fwd(index_t r, index_t c) const {
+    const auto ra = a_.fwd(r, c);
+    const auto rb = b_.fwd(r, c);
+    const auto rc = c_.fwd(r, c);
+    return {f_(value_type(ra.v), value_type(rb.v), value_type(rc.v)), ra, rb, rc};
+  }
+  KILN_HOST_DEVICE void bwd(const Rec& rec, value_type adj, index_t r, index_t c) const {
+    const value_type va = value_type(rec.a.v), vb = value_type(rec.b.v), vc = value_type(rec.c.v);
+    a_.bwd(rec.a, adj * f_.d0(va, vb, vc), r, c);
+    b_.bwd(rec.b, adj * f_.d1(va, vb, vc), r, c);
+    c_.bwd(rec.c, adj * f_.d2(va, vb, vc), r, c);
+  }
+
+ private:
+  F f_;
+  Diff<A> a_;
+  Diff<B> b_;
+  Diff<C> c_;
+};
+
+// A cast passes the gradient straight through (in the destination's compute type).
+template <class To, class A>
+class Diff<Cast<To, A>> {
+ public:
+  using value_type = compute_t<To>;
+  struct Rec {
+    value_type v;
+    typename Diff<A>::Rec a;
+  };
+  template <class Plan>
+  Diff(const Cast<To, A>& n, const Shape& dst, Plan& plan) : a_(n.a, dst, plan) {}
+  KILN_HOST_DEVICE Rec fwd(index_t r, index_t c) const {
+    const auto ra = a_.fwd(r, c);
+    return {convert<value_type>(convert<To>(ra.v)), ra};
+  }
+  KILN_HOST_DEVICE void bwd(const Rec& rec, value_type adj, index_t r, index_t c) const {
+    a_.bwd(rec.a, typename Diff<A>::value_type(adj), r, c);
+  }
+
+ private:
+  Diff<A> a_;
+};
+
+// The fused backward kernel: for each element, forward record then chain rule.
+template <class E, class G>
+struct MapBackwardKernel {
+  Diff<E> diff;
+  const G* grad_out;
+  index_t cols;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
+    const auto rec = diff.fwd(r, c);
+    diff.bwd(rec, typename Diff<E>::value_type(grad_out[r * cols + c]), r, c);
+  }
+};
+
+}  // namespace kiln::ag

@@ -1,0 +1,71 @@
+// kiln/autograd/map.hpp — ag::map(tape, expr): a fused elementwise op on variables.
+//
+// Forward is ONE kernel (the expression assigned to a new variable); backward is ONE kernel
+// derived from the same expression type (kiln/autograd/diff.hpp) that writes every input's
+// gradient, plus one reduction per input that was broadcast (a bias, a scalar).
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include "kiln/autograd/diff.hpp"
+#include "kiln/autograd/tape.hpp"
+#include "kiln/expr/assign.hpp"
+
+namespace kiln::ag {
+
+namespace detail {
+template <class E>
+constexpr bool has_boundary() {
+  if constexpr (is_boundary_v<E>) return true;
+  else if constexpr (is_leaf_v<E>) return false;
+  else if constexpr (requires { std::declval<E>().c; })
+    return has_boundary<decltype(E::a)>() || has_boundary<decltype(E::b)>() || has_boundary<decltype(E::c)>();
+  else if constexpr (requires { std::declval<E>().b; })
+    return has_boundary<decltype(E::a)>() || has_boundary<decltype(E::b)>();
+  else return has_boundary<decltype(E::a)>();
+}
+
+template <class E, class F>
+void for_each_var(const E& e, F&& f) {
+  if constexpr (custom_leaf<E>) {
+    f(*e.owner);
+  } else if constexpr (is_leaf_v<E>) {
+  } else {
+    for_each_var(e.a, f);
+    if constexpr (requires { e.b; }) for_each_var(e.b, f);
+    if constexpr (requires { e.c; }) for_each_var(e.c, f);
+  }
+}
+}  // namespace detail
+
+template <class Exec, class X>
+auto map(Tape<Exec>& tape, X&& x) {
+  auto e = as_expr(std::forward<X>(x));
+  using E = decltype(e);
+  static_assert(!detail::has_boundary<E>(),
+                "kiln: ag::map takes an elementwise expression; compute products and reductions with "
+                "ag::matmul / ag::sum first");
+  using T = typename E::value_type;
+  using Out = var_t<T, typename Exec::space, typename E::extents_type>;
+  Out out(typename Out::tensor_type(e.shape()));
+  assign(out.value(), e, tape.exec());
+
+  bool needs_grad = false;
+  detail::for_each_var(e, [&](const VarNode& n) { needs_grad = needs_grad || n.requires_grad; });
+  if (!needs_grad || !tape.recording()) return out;
+  out.set_requires_grad(true);
+  tape.record([e, od = out.data()](Exec& exec) {
+    if (!od->grad_valid) return;  // nothing flowed back into this result
+    const Shape s = od->value.shape();
+    BackwardPlan<Exec> plan{exec, {}, {}, {}, {}};
+    MapBackwardKernel<E, T> k{Diff<E>(e, s, plan), od->grad.data(), s.cols()};
+    exec.for_each_element(s.rows(), s.cols(), k, kind::elementwise,
+                          exec.stats().recording() ? "backward" + describe_launch(e, exec).substr(5) : "backward",
+                          std::size_t(s.size()) * sizeof(T) * 2);
+    plan.finish();
+  });
+  return out;
+}
+
+}  // namespace kiln::ag

@@ -1,0 +1,115 @@
+// kiln/autograd/var.hpp — variables: a value tensor, its gradient, and whether it needs one.
+//
+// A Var is a shared handle (copies refer to the same node), as in PyTorch, so the tape can keep
+// what backward needs alive. Gradients follow set-to-none semantics: after zero_grad() the next
+// contribution writes the gradient instead of adding to it (no fill kernel), later ones add.
+#pragma once
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "kiln/core/tensor.hpp"
+#include "kiln/expr/evaluator.hpp"
+#include "kiln/expr/node.hpp"
+
+namespace kiln::ag {
+
+// The type-erased part of a variable the tape and backward kernels need.
+struct VarNode {
+  bool requires_grad = false;
+  bool grad_valid = false;  // false: the gradient buffer holds no contribution yet
+  virtual ~VarNode() = default;
+};
+
+template <class T, class S, class Ext>
+struct tensor_of;
+template <class T, class S, index_t... D>
+struct tensor_of<T, S, extents<D...>> {
+  using type = Tensor<T, S, D...>;
+};
+
+template <class T, class S, class Ext>
+struct VarData : VarNode {
+  using tensor_type = typename tensor_of<T, S, Ext>::type;
+  tensor_type value;
+  tensor_type grad;
+  // Gives the gradient buffer the value's shape (contents unspecified until grad_valid).
+  T* ensure_grad() {
+    if (!(grad.shape() == value.shape())) grad.resize(value.shape());
+    return grad.data();
+  }
+};
+
+template <class T, class S, index_t... Dims>
+class Var {
+ public:
+  using value_type = T;
+  using space = S;
+  using extents_type = extents<Dims...>;
+  using data_type = VarData<T, S, extents_type>;
+  using tensor_type = typename data_type::tensor_type;
+
+  Var() : d_(std::make_shared<data_type>()) {}
+  explicit Var(tensor_type&& value, bool requires_grad = false) : d_(std::make_shared<data_type>()) {
+    d_->value = std::move(value);
+    d_->requires_grad = requires_grad;
+  }
+
+  tensor_type& value() const { return d_->value; }
+  // The gradient; meaningful once has_grad() (after a backward pass reached this variable).
+  tensor_type& grad() const { return d_->grad; }
+  bool has_grad() const { return d_->grad_valid; }
+  bool requires_grad() const { return d_->requires_grad; }
+  void set_requires_grad(bool on) { d_->requires_grad = on; }
+  void zero_grad() { d_->grad_valid = false; }
+  const Shape& shape() const { return d_->value.shape(); }
+  index_t dim(int i) const { return d_->value.dim(i); }
+  const std::shared_ptr<data_type>& data() const { return d_; }
+
+ private:
+  std::shared_ptr<data_type> d_;
+};
+
+template <class X>
+inline constexpr bool is_var_v = false;
+template <class T, class S, index_t... D>
+inline constexpr bool is_var_v<Var<T, S, D...>> = true;
+
+template <class T, class S, class Ext>
+struct var_of;
+template <class T, class S, index_t... D>
+struct var_of<T, S, extents<D...>> {
+  using type = Var<T, S, D...>;
+};
+template <class T, class S, class Ext>
+using var_t = typename var_of<T, S, Ext>::type;
+
+// A variable inside an expression: read like a view; backward writes its gradient.
+template <class T, class S, class Ext>
+struct VarLeaf {
+  static constexpr bool is_leaf_node = true;
+  using value_type = T;
+  using space = S;
+  using extents_type = Ext;
+  View<const T, S, Ext> view;
+  std::shared_ptr<VarData<T, S, Ext>> owner;  // host side only; keeps the variable alive
+  Shape shape() const { return view.shape(); }
+};
+
+template <class T, class S, index_t... D>
+VarLeaf<T, S, extents<D...>> to_leaf(const Var<T, S, D...>& v) {
+  return {std::as_const(v.value()).view(), v.data()};
+}
+
+}  // namespace kiln::ag
+
+namespace kiln {
+
+template <class T, class S, class Ext>
+class Evaluator<ag::VarLeaf<T, S, Ext>> : public Evaluator<View<const T, S, Ext>> {
+ public:
+  Evaluator(const ag::VarLeaf<T, S, Ext>& l, const Shape& dst) : Evaluator<View<const T, S, Ext>>(l.view, dst) {}
+};
+
+}  // namespace kiln

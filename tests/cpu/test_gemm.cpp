@@ -1,0 +1,294 @@
+// Tests for kiln::cpu::gemm / gemm_own against a naive fp64 reference.
+//
+// Every case fills the padding of A and B (the gap between a row's end and ld) with NaN, and C's
+// padding with a sentinel, so a kernel that reads or writes outside the matrices fails. With
+// beta == 0, C starts as NaN: BLAS semantics say C is not read then.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <kiln/backend/cpu/gemm.hpp>
+
+namespace {
+
+using kiln::index_t;
+using kiln::cpu::trans;
+
+enum class impl { own, cblas };
+
+const char* name(trans t) { return t == trans::yes ? "yes" : "no"; }
+const char* name(impl i) { return i == impl::own ? "own" : "cblas"; }
+
+template <class T>
+double to_double(T x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<double>(x);
+  } else {
+    return static_cast<double>(static_cast<float>(x));
+  }
+}
+
+template <class T>
+T from_double(double x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(x);
+  } else {
+    return T(static_cast<float>(x));
+  }
+}
+
+struct gemm_case {
+  trans ta = trans::no, tb = trans::no;
+  index_t m = 0, n = 0, k = 0;
+  double alpha = 1, beta = 0;
+  index_t pad = 0;  // added to each leading dimension
+  int threads = 1;
+  std::uint64_t seed = 1;
+};
+
+std::string describe(const gemm_case& g, impl i, const char* type) {
+  return kiln::detail::concat(type, " ", name(i), " ta=", name(g.ta), " tb=", name(g.tb), " m=", g.m,
+                              " n=", g.n, " k=", g.k, " alpha=", g.alpha, " beta=", g.beta, " pad=", g.pad,
+                              " threads=", g.threads, " seed=", g.seed);
+}
+
+// Result of one case: the worst error relative to its bound (<= 1 passes) and whether C's
+// padding survived.
+template <class T>
+struct run_result {
+  double worst = 0;  // max over elements of |c - ref| / bound
+  index_t worst_at = -1;
+  bool padding_intact = true;
+  std::vector<kiln::cpu::gemm_acc_t<T>> c;  // the computed C (with padding), for bitwise checks
+};
+
+template <class T>
+run_result<T> run_case(const gemm_case& g, impl which) {
+  using Acc = kiln::cpu::gemm_acc_t<T>;
+  const bool at = g.ta == trans::yes, bt = g.tb == trans::yes;
+  // Stored shapes (row-major): A is m x k or k x m, B is k x n or n x k.
+  const index_t a_rows = at ? g.k : g.m, a_cols = at ? g.m : g.k;
+  const index_t b_rows = bt ? g.n : g.k, b_cols = bt ? g.k : g.n;
+  const index_t lda = a_cols + g.pad, ldb = b_cols + g.pad, ldc = g.n + g.pad;
+
+  std::mt19937_64 rng(g.seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Acc sentinel = Acc(12345.5);
+
+  auto fill = [&](index_t rows, index_t cols, index_t ld) {
+    std::vector<T> v(static_cast<std::size_t>(rows * ld + 1), from_double<T>(nan));
+    for (index_t i = 0; i < rows; ++i)
+      for (index_t j = 0; j < cols; ++j) v[i * ld + j] = from_double<T>(dist(rng));
+    return v;
+  };
+  const std::vector<T> a = fill(a_rows, a_cols, lda), b = fill(b_rows, b_cols, ldb);
+  std::vector<Acc> c0(static_cast<std::size_t>(g.m * ldc + 1), sentinel);
+  for (index_t i = 0; i < g.m; ++i)
+    for (index_t j = 0; j < g.n; ++j) c0[i * ldc + j] = g.beta == 0 ? Acc(nan) : Acc(dist(rng));
+
+  run_result<T> r;
+  r.c = c0;
+  const Acc alpha = static_cast<Acc>(g.alpha), beta = static_cast<Acc>(g.beta);
+  if (which == impl::own) {
+    kiln::cpu::gemm_own(g.ta, g.tb, g.m, g.n, g.k, alpha, a.data(), lda, b.data(), ldb, beta, r.c.data(),
+                        ldc, g.threads);
+  } else {
+    kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::cblas);
+    kiln::cpu::gemm(g.ta, g.tb, g.m, g.n, g.k, alpha, a.data(), lda, b.data(), ldb, beta, r.c.data(), ldc,
+                    g.threads);
+  }
+
+  const double eps = std::numeric_limits<Acc>::epsilon();
+  for (index_t i = 0; i < g.m; ++i) {
+    for (index_t j = 0; j < g.n; ++j) {
+      double sum = 0, mag = 0;
+      for (index_t p = 0; p < g.k; ++p) {
+        const double x = to_double(at ? a[p * lda + i] : a[i * lda + p]);
+        const double y = to_double(bt ? b[j * ldb + p] : b[p * ldb + j]);
+        sum += x * y;
+        mag += std::abs(x * y);
+      }
+      const double start = g.beta == 0 ? 0.0 : static_cast<double>(c0[i * ldc + j]);
+      const double ref = static_cast<double>(alpha) * sum + static_cast<double>(beta) * start;
+      // Rounding of a k-term sum plus the alpha/beta update; the floor covers exact zeros.
+      const double bound = 2.0 * static_cast<double>(g.k + 2) * eps *
+                               (std::abs(g.alpha) * mag + std::abs(g.beta * start)) +
+                           std::numeric_limits<Acc>::min();
+      const double got = static_cast<double>(r.c[i * ldc + j]);
+      const double err = std::isfinite(got) ? std::abs(got - ref) / bound : INFINITY;
+      if (!(err <= r.worst)) {
+        r.worst = err;
+        r.worst_at = i * ldc + j;
+      }
+    }
+    for (index_t j = g.n; j < ldc; ++j) r.padding_intact &= r.c[i * ldc + j] == sentinel;
+  }
+  r.padding_intact &= r.c.back() == sentinel;
+  return r;
+}
+
+template <class T>
+void check_case(const gemm_case& g, impl which, const char* type) {
+  const run_result<T> r = run_case<T>(g, which);
+  INFO(describe(g, which, type));
+  INFO("worst element (flat index in C) = ", r.worst_at);
+  CHECK(r.worst <= 1.0);
+  CHECK(r.padding_intact);
+}
+
+// Cycles alpha, beta and padding over the cases so that each combination meets many shapes.
+gemm_case make_case(trans ta, trans tb, index_t m, index_t n, index_t k, std::uint64_t index) {
+  static constexpr double alphas[] = {1.0, -0.5, 2.0};
+  static constexpr double betas[] = {0.0, 1.0, -1.5, 0.0};
+  gemm_case g;
+  g.ta = ta;
+  g.tb = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.alpha = alphas[index % 3];
+  g.beta = betas[(index / 3) % 4];
+  g.pad = (index / 12) % 2 ? 3 : 0;
+  g.seed = 0x6b696c6eULL * 1000003ULL + index;
+  return g;
+}
+
+constexpr trans both[] = {trans::no, trans::yes};
+
+template <class T>
+void sweep(impl which, const char* type, const std::vector<index_t>& sizes) {
+  std::uint64_t index = 0;
+  for (trans ta : both)
+    for (trans tb : both)
+      for (index_t m : sizes)
+        for (index_t n : sizes)
+          for (index_t k : sizes) check_case<T>(make_case(ta, tb, m, n, k, index++), which, type);
+}
+
+const std::vector<index_t> all_sizes = {0, 1, 2, 3, 7, 17, 31, 64, 65, 129, 300};
+const std::vector<index_t> few_sizes = {0, 1, 3, 7, 17, 65, 130};
+
+}  // namespace
+
+TEST_CASE("gemm_own float: every shape in {0..300}^3, all transposes, alpha/beta/ld variants") {
+  sweep<float>(impl::own, "float", all_sizes);
+}
+
+TEST_CASE("gemm_own double") { sweep<double>(impl::own, "double", few_sizes); }
+
+TEST_CASE("gemm_own f16 and bf16 inputs sum and write float") {
+  static_assert(std::is_same_v<kiln::cpu::gemm_acc_t<kiln::f16>, float>);
+  static_assert(std::is_same_v<kiln::cpu::gemm_acc_t<kiln::bf16>, float>);
+  sweep<kiln::f16>(impl::own, "f16", few_sizes);
+  sweep<kiln::bf16>(impl::own, "bf16", few_sizes);
+}
+
+TEST_CASE("gemm with f16 inputs runs on the own kernel whatever the backend") {
+  const kiln::f16 a[2] = {kiln::f16(1.5f), kiln::f16(2.0f)};
+  const kiln::f16 b[2] = {kiln::f16(4.0f), kiln::f16(-1.0f)};
+  float c = std::numeric_limits<float>::quiet_NaN();
+  kiln::cpu::gemm(trans::no, trans::no, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, &c, 1);
+  CHECK(c == 4.0f);
+}
+
+TEST_CASE("gemm_own: blocks larger than one cache block in every direction") {
+  // m > mc, n > nc (4080), k > kc: every loop of the blocked nest runs more than once.
+  const index_t shapes[][3] = {{3, 5000, 5}, {300, 40, 700}, {1000, 37, 70}, {1, 1, 1000}};
+  std::uint64_t index = 7;
+  for (trans ta : both)
+    for (trans tb : both)
+      for (const auto& s : shapes) check_case<float>(make_case(ta, tb, s[0], s[1], s[2], index++), impl::own, "float");
+}
+
+TEST_CASE("gemm_own: the thread count changes nothing, bit for bit") {
+  const index_t shapes[][3] = {{300, 300, 300}, {1000, 37, 70}, {5, 513, 1000}, {64, 256, 400}, {256, 400, 64}};
+  std::uint64_t index = 11;
+  for (const auto& s : shapes) {
+    gemm_case g = make_case(trans::yes, trans::no, s[0], s[1], s[2], index++);
+    g.threads = 1;
+    const run_result<float> one = run_case<float>(g, impl::own);
+    g.threads = 2;
+    const run_result<float> two = run_case<float>(g, impl::own);
+    g.threads = 0;
+    const run_result<double> all = run_case<double>(g, impl::own);
+    INFO(describe(g, impl::own, "float"));
+    CHECK(one.worst <= 1.0);
+    CHECK(two.worst <= 1.0);
+    CHECK(all.worst <= 1.0);
+    CHECK(std::memcmp(one.c.data(), two.c.data(), one.c.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("gemm_own: alpha == 0 and k == 0 read neither A nor B") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> a(6, nan), b(6, nan), c = {1, 2, 3, 4};
+  kiln::cpu::gemm_own(trans::no, trans::no, 2, 2, 3, 0.0f, a.data(), 3, b.data(), 2, 2.0f, c.data(), 2);
+  CHECK(c == std::vector<float>{2, 4, 6, 8});
+  kiln::cpu::gemm_own(trans::no, trans::no, 2, 2, 3, 0.0f, a.data(), 3, b.data(), 2, 0.0f, c.data(), 2);
+  CHECK(c == std::vector<float>{0, 0, 0, 0});
+  c = {nan, nan, nan, nan};
+  kiln::cpu::gemm_own<float>(trans::no, trans::no, 2, 2, 0, 1.0f, nullptr, 0, nullptr, 2, 0.0f, c.data(), 2);
+  CHECK(c == std::vector<float>{0, 0, 0, 0});
+}
+
+#if defined(KILN_HAVE_CBLAS)
+TEST_CASE("gemm through CBLAS matches the reference") {
+  sweep<float>(impl::cblas, "float", few_sizes);
+  sweep<double>(impl::cblas, "double", few_sizes);
+  kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::cblas);
+}
+
+TEST_CASE("gemm_backend defaults to cblas when the build has one") {
+  CHECK(kiln::cpu::gemm_have_cblas);
+  CHECK(kiln::cpu::current_gemm_backend() == kiln::cpu::gemm_backend::cblas);
+  kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::own);
+  CHECK(kiln::cpu::current_gemm_backend() == kiln::cpu::gemm_backend::own);
+  kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::cblas);
+}
+#else
+TEST_CASE("gemm_backend is own without a CBLAS, and cblas is refused") {
+  CHECK_FALSE(kiln::cpu::gemm_have_cblas);
+  CHECK(kiln::cpu::current_gemm_backend() == kiln::cpu::gemm_backend::own);
+  CHECK_THROWS_AS(kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::cblas), kiln::ValueError);
+}
+#endif
+
+TEST_CASE("gemm: bad arguments throw with the values in the message") {
+  using doctest::Contains;
+  std::vector<float> a(64), b(64), c(64);
+  auto call = [&](trans ta, trans tb, index_t m, index_t n, index_t k, index_t lda, index_t ldb, index_t ldc,
+                  int threads = 1) {
+    kiln::cpu::gemm_own(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc, threads);
+  };
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, -1, 2, 2, 2, 2, 2), Contains("m = -1"), kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 2, -3, 2, 2, 2), Contains("k = -3"), kiln::ShapeError);
+  // A is m x k = 2 x 5 untransposed, k x m = 5 x 2 transposed.
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 4, 3, 3), Contains("lda = 4"), kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 4, 3, 3), Contains("lda must be >= 5"),
+                       kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::yes, trans::no, 2, 3, 5, 1, 3, 3), Contains("lda must be >= 2"),
+                       kiln::ShapeError);
+  CHECK_NOTHROW(call(trans::yes, trans::no, 2, 3, 5, 2, 3, 3));
+  // B is k x n = 5 x 3 untransposed, n x k = 3 x 5 transposed.
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 5, 2, 3), Contains("ldb must be >= 3"),
+                       kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::yes, 2, 3, 5, 5, 3, 3), Contains("ldb = 3"), kiln::ShapeError);
+  CHECK_NOTHROW(call(trans::no, trans::yes, 2, 3, 5, 5, 5, 3));
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 5, 3, 2), Contains("ldc = 2"), kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 5, 3, 3, -1), Contains("threads = -1"),
+                       kiln::ValueError);
+  CHECK_THROWS_AS(kiln::cpu::gemm<float>(trans::no, trans::no, 2, 2, 2, 1.0f, nullptr, 2, b.data(), 2, 0.0f,
+                                         c.data(), 2),
+                  kiln::ValueError);
+  // The dispatching entry checks the same way whichever backend is chosen.
+  CHECK_THROWS_WITH_AS(kiln::cpu::gemm(trans::no, trans::no, 2, 3, 5, 1.0f, a.data(), 4, b.data(), 3, 0.0f,
+                                       c.data(), 3),
+                       Contains("kiln::cpu::gemm: lda = 4"), kiln::ShapeError);
+}

@@ -1,0 +1,24 @@
+// The doctest runner for every CUDA suite in this folder.
+//
+// Without a usable device (no GPU, or a driver older than the runtime) it prints one line saying
+// why and exits 0: the CUDA tests are built wherever nvcc exists, and a machine without a GPU is
+// not a failure. With a device, doctest runs normally (command-line options included).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "kiln/backend/cuda/device.cuh"
+
+int main(int argc, char** argv) {
+  if (!kiln::cuda::device_available()) {
+    const std::string reason = kiln::cuda::device_unavailable_reason();
+    std::printf("kiln CUDA tests: skipped — no CUDA device (%s)\n", reason.c_str());
+    return 0;
+  }
+  std::printf("kiln CUDA tests: running on %s\n", kiln::cuda::device_name().c_str());
+  doctest::Context context;
+  context.applyCommandLine(argc, argv);
+  return context.run();
+}
