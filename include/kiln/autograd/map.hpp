@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kiln/autograd/diff.hpp"
+#include "kiln/core/stats.hpp"
 #include "kiln/autograd/tape.hpp"
 #include "kiln/expr/assign.hpp"
 
