@@ -11,7 +11,9 @@
 #error "kiln/backend/cpu/detail/gemm_pack.hpp is internal: include <kiln/backend/cpu/gemm.hpp>"
 #endif
 
+#include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "kiln/backend/cpu/detail/gemm_kernel.hpp"
 #include "kiln/config.hpp"
@@ -47,6 +49,73 @@ inline void transpose4x4(__m256d r[4]) {
   r[1] = _mm256_permute2f128_pd(t1, t3, 0x20);
   r[2] = _mm256_permute2f128_pd(t0, t2, 0x31);
   r[3] = _mm256_permute2f128_pd(t1, t3, 0x31);
+}
+
+// Lane masks, masked loads and short stores: the rows-contiguous copy below reads exactly the
+// `live` values of a row (maskload neither reads nor faults on masked-out lanes), so the last
+// panel never touches memory past the matrix, and writes the zeros of the padding rows with them.
+template <class Acc>
+struct pack_ops;
+
+template <>
+struct pack_ops<float> {
+  using vec = __m256;
+  static constexpr int lanes = 8;
+  static __m256i mask(index_t n) {
+    const int c = static_cast<int>(std::clamp<index_t>(n, 0, lanes));
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static vec loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static vec maskload(const float* p, __m256i m) { return _mm256_maskload_ps(p, m); }
+  template <int N>
+  static void store_first(float* d, vec v) {
+    static_assert(N == 8 || N == 6, "float panels have 8n or 6 rows");
+    if constexpr (N == 8) {
+      _mm256_storeu_ps(d, v);
+    } else {
+      _mm_storeu_ps(d, _mm256_castps256_ps128(v));
+      _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(v, 1));
+    }
+  }
+};
+
+template <>
+struct pack_ops<double> {
+  using vec = __m256d;
+  static constexpr int lanes = 4;
+  static __m256i mask(index_t n) {
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(std::clamp<index_t>(n, 0, lanes)),
+                              _mm256_setr_epi64x(0, 1, 2, 3));
+  }
+  static vec loadu(const double* p) { return _mm256_loadu_pd(p); }
+  static vec maskload(const double* p, __m256i m) { return _mm256_maskload_pd(p, m); }
+  template <int N>
+  static void store_first(double* d, vec v) {
+    static_assert(N == 4 || N == 2, "double panels have 4n or 6 rows");
+    if constexpr (N == 4) {
+      _mm256_storeu_pd(d, v);
+    } else {
+      _mm_storeu_pd(d, _mm256_castpd256_pd128(v));
+    }
+  }
+};
+
+// One panel whose R rows are contiguous (rs == 1): dst[p][r] = src[p * cs + r] for r < live,
+// zero above. Full says live == R, so whole vectors load without masks.
+template <int R, bool Full, class Acc>
+inline void pack_panel_contiguous(index_t kc, const Acc* src, index_t cs, index_t live, Acc* dst) {
+  using ops = pack_ops<Acc>;
+  constexpr int W = ops::lanes;
+  [&]<int... V>(std::integer_sequence<int, V...>) {
+    const __m256i masks[] = {ops::mask(Full ? R - V * W : live - V * W)...};
+    for (index_t p = 0; p < kc; ++p) {
+      const Acc* s = src + p * cs;
+      Acc* d = dst + p * R;
+      (ops::template store_first<std::min(W, R - V * W)>(
+           d + V * W, Full && R - V * W >= W ? ops::loadu(s + V * W) : ops::maskload(s + V * W, masks[V])),
+       ...);
+    }
+  }(std::make_integer_sequence<int, (R + W - 1) / W>{});
 }
 
 // One panel of R rows (`live` of them real, the rest zero) that are contiguous along k
@@ -113,16 +182,21 @@ inline void pack_panels(index_t rows, index_t kc, const T* KILN_RESTRICT src, in
   for (index_t r0 = 0; r0 < rows; r0 += R, src += R * rs, dst += R * kc) {
     const index_t live = rows - r0 < R ? rows - r0 : R;
     if (rs == 1) {
-      // Rows contiguous: each k step is one straight copy (full panels: a fixed-length one).
+#if KILN_GEMM_AVX2
+      if constexpr (std::is_same_v<T, Acc>) {
+        if (live == R) {
+          pack_panel_contiguous<R, true>(kc, src, cs, live, dst);
+        } else {
+          pack_panel_contiguous<R, false>(kc, src, cs, live, dst);
+        }
+        continue;
+      }
+#endif
+      // Rows contiguous: each k step is one short copy.
       for (index_t p = 0; p < kc; ++p) {
         const T* s = src + p * cs;
         Acc* d = dst + p * R;
-        if (live == R) {
-          for (int r = 0; r < R; ++r) d[r] = static_cast<Acc>(s[r]);
-        } else {
-          for (index_t r = 0; r < live; ++r) d[r] = static_cast<Acc>(s[r]);
-          for (index_t r = live; r < R; ++r) d[r] = Acc(0);
-        }
+        for (int r = 0; r < R; ++r) d[r] = r < live ? static_cast<Acc>(s[r]) : Acc(0);
       }
       continue;
     }
