@@ -54,7 +54,8 @@ const fs::path& temp_dir() {
 fs::path write_file(const std::string& name, const Bytes& bytes) {
   const fs::path path = temp_dir() / name;
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   return path;
 }
 fs::path write_text(const std::string& name, const std::string& text) {
@@ -122,10 +123,12 @@ TEST_CASE("digits20: 4000 train / 1000 test images of 20x20 with balanced labels
     check_data_error([&] { kiln::data::read_idx(path); }, path, {"requires zlib"});
     return;
   }
-  const auto train = kiln::data::load_idx_classification(
-      data_file("digits20-train-images-idx3-ubyte.gz"), data_file("digits20-train-labels-idx1-ubyte.gz"), 10);
-  const auto test = kiln::data::load_idx_classification(
-      data_file("digits20-test-images-idx3-ubyte.gz"), data_file("digits20-test-labels-idx1-ubyte.gz"), 10);
+  const auto train =
+      kiln::data::load_idx_classification(data_file("digits20-train-images-idx3-ubyte.gz"),
+                                          data_file("digits20-train-labels-idx1-ubyte.gz"), 10);
+  const auto test =
+      kiln::data::load_idx_classification(data_file("digits20-test-images-idx3-ubyte.gz"),
+                                          data_file("digits20-test-labels-idx1-ubyte.gz"), 10);
   CHECK(train.n == 4000);
   CHECK(test.n == 1000);
   for (const auto* ds : {&train, &test}) {
@@ -246,7 +249,8 @@ TEST_CASE("load_idx_classification checks counts and label range") {
   // Image and label files swapped: the shapes say so.
   check_data_error([&] { kiln::data::load_idx_classification(labels_path, images_path, 3); },
                    labels_path, {"byte offset 3", "at least 2 dimensions"});
-  CHECK_THROWS_AS(kiln::data::load_idx_classification(images_path, labels_path, 0), kiln::ValueError);
+  CHECK_THROWS_AS(kiln::data::load_idx_classification(images_path, labels_path, 0),
+                  kiln::ValueError);
 }
 
 TEST_CASE("letter-recognition: 20000 rows, 16 features, 26 classes") {
@@ -282,7 +286,8 @@ TEST_CASE("CSV: label last or first, integer or letter, CRLF, blank lines, heade
   CHECK(ds.features == std::vector<float>{1, 2.5f, 3, -4, 0.5f, 6, 7, 8, 9});
 
   const std::string letters = "B,1,2\nZ,3,4\n";
-  const auto lds = kiln::data::parse_csv_classification(letters, "mem", kiln::data::CsvOptions::letter_recognition());
+  const auto lds = kiln::data::parse_csv_classification(
+      letters, "mem", kiln::data::CsvOptions::letter_recognition());
   CHECK(lds.labels == std::vector<std::int32_t>{1, 25});
   CHECK(lds.num_classes == 26);
 
@@ -297,7 +302,8 @@ TEST_CASE("CSV: label last or first, integer or letter, CRLF, blank lines, heade
 TEST_CASE("CSV: malformed rows are DataErrors naming file, line and byte offset") {
   const auto letters = kiln::data::CsvOptions::letter_recognition();
   auto check_csv = [](const std::string& name, const std::string& text,
-                      const kiln::data::CsvOptions& options, std::initializer_list<std::string> parts) {
+                      const kiln::data::CsvOptions& options,
+                      std::initializer_list<std::string> parts) {
     const fs::path path = write_text(name, text);
     check_data_error([&] { kiln::data::load_csv_classification(path, options); }, path, parts);
   };
@@ -352,9 +358,11 @@ TEST_CASE("Dataset: validate, subset and a deterministic (stratified) split") {
   // Together the halves hold every row once.
   std::vector<float> ids;
   for (const auto* part : {&s1.first, &s1.second})
-    for (index_t i = 0; i < part->n; ++i) ids.push_back(part->features[static_cast<std::size_t>(2 * i)]);
+    for (index_t i = 0; i < part->n; ++i)
+      ids.push_back(part->features[static_cast<std::size_t>(2 * i)]);
   std::sort(ids.begin(), ids.end());
-  for (index_t i = 0; i < 100; ++i) CHECK(ids[static_cast<std::size_t>(i)] == static_cast<float>(i));
+  for (index_t i = 0; i < 100; ++i)
+    CHECK(ids[static_cast<std::size_t>(i)] == static_cast<float>(i));
 
   const auto plain = kiln::data::split(ds, 10, {.shuffle = false});
   CHECK(plain.first.features[0] == 0.0f);
@@ -379,14 +387,16 @@ TEST_CASE("normalize: statistics fitted on train are applied unchanged to test")
   train.d = 2;
   train.num_classes = 1;
   train.labels.assign(4, 0);
-  train.features = {0, 10, 2, 10, 4, 10, 6, 10};  // column 0: mean 3, std sqrt(5); column 1 constant
+  train.features = {0, 10, 2, 10,
+                    4, 10, 6, 10};  // column 0: mean 3, std sqrt(5); column 1 constant
   test = train;
   test.n = 1;
   test.labels.assign(1, 0);
   test.features = {8, 20};
 
   using kiln::data::Standardize;
-  const auto per = kiln::data::fit_normalizer(train, {.scale = 0.5f, .standardize = Standardize::per_feature});
+  const auto per =
+      kiln::data::fit_normalizer(train, {.scale = 0.5f, .standardize = Standardize::per_feature});
   // Scaled column 0 is {0, 1, 2, 3}: mean 1.5, population std sqrt(1.25).
   CHECK(per.mean[0] == doctest::Approx(1.5));
   CHECK(per.inv_std[0] == doctest::Approx(1 / std::sqrt(1.25)));

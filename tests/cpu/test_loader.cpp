@@ -147,10 +147,14 @@ TEST_CASE("loader: prefetching workers give the same batches as workers = 0") {
     for (float& x : b.features) x = x * 2.0f + static_cast<float>(b.index);
   };
   Loader sync(ds, {.batch_size = 7, .seed = 9, .workers = 0, .transform = transform});
-  for (auto [workers, prefetch] : {std::pair{1, 1}, std::pair{1, 4}, std::pair{3, 2}, std::pair{4, 8}}) {
+  for (const auto& config : {std::pair{1, 1}, std::pair{1, 4}, std::pair{3, 2}, std::pair{4, 8}}) {
+    const int workers = config.first, prefetch = config.second;
     CAPTURE(workers);
     CAPTURE(prefetch);
-    Loader async(ds, {.batch_size = 7, .seed = 9, .workers = workers, .prefetch = prefetch,
+    Loader async(ds, {.batch_size = 7,
+                      .seed = 9,
+                      .workers = workers,
+                      .prefetch = prefetch,
                       .transform = transform});
     for (index_t epoch : {0, 1, 7}) CHECK(run_epoch(async, epoch) == run_epoch(sync, epoch));
   }
@@ -181,7 +185,7 @@ TEST_CASE("loader: an exception in a worker reaches the consumer at its batch") 
     loader.start_epoch(0);
     for (int k = 0; k < 4; ++k) CHECK(loader.next() != nullptr);  // batches before it arrive
     CHECK_THROWS_WITH_AS(loader.next(), "augmentation failed on batch 4", std::runtime_error);
-    CHECK_THROWS_AS(loader.next(), std::runtime_error);  // sticky until the next epoch
+    CHECK_THROWS_AS(loader.next(), std::runtime_error);    // sticky until the next epoch
     CHECK(flat_rows(run_epoch(loader, 1)).size() == 100);  // a new epoch starts clean
   }
 }
@@ -190,25 +194,31 @@ TEST_CASE("loader: destruction mid-epoch does not hang") {
   const Dataset ds = make_rows(1000);
   auto slow = [](Batch&) { std::this_thread::sleep_for(std::chrono::milliseconds(1)); };
   // Workers blocked on a full ring, workers mid-batch, never started, and restarted epochs.
-  CHECK(finishes_within([&] {
-    Loader loader(ds, {.batch_size = 8, .workers = 3, .prefetch = 2, .transform = slow});
-    loader.start_epoch(0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the ring fill
-  }, std::chrono::seconds(10)));
-  CHECK(finishes_within([&] {
-    Loader loader(ds, {.batch_size = 8, .workers = 2, .prefetch = 4, .transform = slow});
-    loader.start_epoch(0);
-    CHECK(loader.next() != nullptr);
-    CHECK(loader.next() != nullptr);
-  }, std::chrono::seconds(10)));
+  CHECK(finishes_within(
+      [&] {
+        Loader loader(ds, {.batch_size = 8, .workers = 3, .prefetch = 2, .transform = slow});
+        loader.start_epoch(0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the ring fill
+      },
+      std::chrono::seconds(10)));
+  CHECK(finishes_within(
+      [&] {
+        Loader loader(ds, {.batch_size = 8, .workers = 2, .prefetch = 4, .transform = slow});
+        loader.start_epoch(0);
+        CHECK(loader.next() != nullptr);
+        CHECK(loader.next() != nullptr);
+      },
+      std::chrono::seconds(10)));
   CHECK(finishes_within([&] { Loader loader(ds, {.workers = 2}); }, std::chrono::seconds(10)));
-  CHECK(finishes_within([&] {
-    Loader loader(ds, {.batch_size = 8, .workers = 2, .prefetch = 2});
-    loader.start_epoch(0);
-    loader.next();
-    loader.start_epoch(1);  // abandons epoch 0 midway
-    CHECK(flat_rows(run_epoch(loader, 1)).size() == 1000);
-  }, std::chrono::seconds(10)));
+  CHECK(finishes_within(
+      [&] {
+        Loader loader(ds, {.batch_size = 8, .workers = 2, .prefetch = 2});
+        loader.start_epoch(0);
+        loader.next();
+        loader.start_epoch(1);  // abandons epoch 0 midway
+        CHECK(flat_rows(run_epoch(loader, 1)).size() == 1000);
+      },
+      std::chrono::seconds(10)));
 }
 
 TEST_CASE("loader: wait_seconds measures time the consumer was blocked") {

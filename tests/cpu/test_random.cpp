@@ -77,7 +77,8 @@ TEST_CASE("uniform01 lies in [0, 1) with mean 1/2 and variance 1/12") {
   CHECK(std::abs(m.var - 1.0 / 12) < 1e-3);
   // Ten equal bins each hold about a tenth.
   std::vector<int> bins(10, 0);
-  for (int i = 0; i < count; ++i) ++bins[static_cast<int>(kiln::uniform01(7, static_cast<std::uint64_t>(i)) * 10)];
+  for (int i = 0; i < count; ++i)
+    ++bins[static_cast<int>(kiln::uniform01(7, static_cast<std::uint64_t>(i)) * 10)];
   for (int b : bins) CHECK(std::abs(b / double(count) - 0.1) < 3e-3);
 }
 

@@ -12,12 +12,12 @@
 #include "kiln/backend/cuda/device.cuh"
 
 int main(int argc, char** argv) {
-  if (!kiln::cuda::device_available()) {
-    const std::string reason = kiln::cuda::device_unavailable_reason();
+  if (!kiln::cu::device_available()) {
+    const std::string reason = kiln::cu::device_unavailable_reason();
     std::printf("kiln CUDA tests: skipped — no CUDA device (%s)\n", reason.c_str());
     return 0;
   }
-  std::printf("kiln CUDA tests: running on %s\n", kiln::cuda::device_name().c_str());
+  std::printf("kiln CUDA tests: running on %s\n", kiln::cu::device_name().c_str());
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   return context.run();

@@ -5,11 +5,10 @@
 // their storage type on the host first and the reference uses the rounded values, so the only
 // errors left are the GPU's accumulation (and TF32's input rounding) and the output rounding —
 // each bounded separately below, per element.
-#include <doctest/doctest.h>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
@@ -28,13 +27,13 @@
 #include "kiln/backend/cuda/pinned.cuh"
 
 using kiln::index_t;
-using kiln::cuda::CachingAllocator;
-using kiln::cuda::DeviceBuffer;
-using kiln::cuda::Epilogue;
-using kiln::cuda::Lt;
-using kiln::cuda::LtType;
-using kiln::cuda::MatmulArgs;
-using kiln::cuda::PinnedBuffer;
+using kiln::cu::CachingAllocator;
+using kiln::cu::DeviceBuffer;
+using kiln::cu::Epilogue;
+using kiln::cu::Lt;
+using kiln::cu::LtType;
+using kiln::cu::MatmulArgs;
+using kiln::cu::PinnedBuffer;
 
 namespace {
 
@@ -46,24 +45,33 @@ bool contains(const std::string& text, const std::string& part) {
 
 template <class T>
 constexpr LtType lt_type_of() {
-  if constexpr (std::is_same_v<T, float>) return LtType::f32;
-  else if constexpr (std::is_same_v<T, __half>) return LtType::f16;
-  else return LtType::bf16;
+  if constexpr (std::is_same_v<T, float>)
+    return LtType::f32;
+  else if constexpr (std::is_same_v<T, __half>)
+    return LtType::f16;
+  else
+    return LtType::bf16;
 }
 
 template <class T>
 T to_storage(double v) {
   const auto f = static_cast<float>(v);
-  if constexpr (std::is_same_v<T, float>) return f;
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(f);
-  else return __float2bfloat16_rn(f);
+  if constexpr (std::is_same_v<T, float>)
+    return f;
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(f);
+  else
+    return __float2bfloat16_rn(f);
 }
 
 template <class T>
 double to_double(T v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else if constexpr (std::is_same_v<T, __half>) return static_cast<double>(__half2float(v));
-  else return static_cast<double>(__bfloat162float(v));
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __half>)
+    return static_cast<double>(__half2float(v));
+  else
+    return static_cast<double>(__bfloat162float(v));
 }
 
 // A row-major matrix stored as T with row stride ld; `value` holds the stored (rounded) numbers
@@ -105,7 +113,8 @@ DeviceBuffer<T> upload(const std::vector<T>& host) {
 template <class T>
 std::vector<T> download(const DeviceBuffer<T>& d) {
   std::vector<T> host(static_cast<std::size_t>(d.size()));
-  KILN_CUDA_CHECK(cudaMemcpy(host.data(), d.data(), host.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  KILN_CUDA_CHECK(
+      cudaMemcpy(host.data(), d.data(), host.size() * sizeof(T), cudaMemcpyDeviceToHost));
   return host;
 }
 
@@ -125,6 +134,10 @@ double gelu_tanh_grad(double x) {
 }
 
 double gelu_erf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::numbers::sqrt2)); }
+
+bool is_gelu(Epilogue e) {
+  return e == Epilogue::gelu || e == Epilogue::gelu_bias || e == Epilogue::gelu_aux_bias;
+}
 
 double activate(Epilogue e, double pre) {
   switch (e) {
@@ -152,9 +165,12 @@ Precision precision_for(bool tf32) {
   Precision p;
   p.tf32 = tf32;
   p.acc = tf32 ? 3e-3 : 1e-5;  // TF32 keeps 10 mantissa bits of each input
-  if constexpr (std::is_same_v<Out, __half>) p.out = 1e-3;             // half ulp: 2^-11
-  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) p.out = 8e-3;  // half ulp: 2^-8
-  else p.out = 1e-6;
+  if constexpr (std::is_same_v<Out, __half>)
+    p.out = 1e-3;  // half ulp: 2^-11
+  else if constexpr (std::is_same_v<Out, __nv_bfloat16>)
+    p.out = 4e-3;  // half ulp: 2^-9
+  else
+    p.out = 1e-6;
   return p;
 }
 
@@ -226,10 +242,10 @@ void check_forward(const Shape& s, bool ta, bool tb, Epilogue e, const Precision
   const auto [m, n, k] = s;
   std::ostringstream name;
   name << "m=" << m << " n=" << n << " k=" << k << " trans_a=" << ta << " trans_b=" << tb
-       << " in=" << kiln::cuda::to_string(lt_type_of<In>())
-       << " out=" << kiln::cuda::to_string(lt_type_of<Out>()) << " tf32=" << prec.tf32
-       << " epilogue=" << kiln::cuda::to_string(e) << " pad=" << opt.pad
-       << " alpha=" << opt.alpha << " beta=" << opt.beta << " c_is_d=" << opt.c_is_d;
+       << " in=" << kiln::cu::to_string(lt_type_of<In>())
+       << " out=" << kiln::cu::to_string(lt_type_of<Out>()) << " tf32=" << prec.tf32
+       << " epilogue=" << kiln::cu::to_string(e) << " pad=" << opt.pad << " alpha=" << opt.alpha
+       << " beta=" << opt.beta << " c_is_d=" << opt.c_is_d;
   INFO(name.str());
 
   const index_t a_rows = ta ? k : m, a_cols = ta ? m : k;
@@ -239,9 +255,9 @@ void check_forward(const Shape& s, bool ta, bool tb, Epilogue e, const Precision
   const index_t ldd = n + opt.pad;
   const double sentinel = -777.0;
   const bool use_c = opt.beta != 0.0f;
-  const auto c = use_c ? random_matrix<Out>(m, n, ldd, rng, -1.0, 1.0, sentinel)
-                       : HostMatrix<Out>{};
-  const bool with_bias = kiln::cuda::epilogue_reads_bias(e);
+  const auto c =
+      use_c ? random_matrix<Out>(m, n, ldd, rng, -1.0, 1.0, sentinel) : HostMatrix<Out>{};
+  const bool with_bias = kiln::cu::epilogue_reads_bias(e);
   const auto bias = with_bias ? random_matrix<Out>(1, n, n, rng) : HostMatrix<Out>{};
 
   auto d_a = upload(a.stored);
@@ -254,27 +270,27 @@ void check_forward(const Shape& s, bool ta, bool tb, Epilogue e, const Precision
   if (opt.c_is_d) d_init = c.stored;
   auto d_d = upload(d_init);
 
-  MatmulArgs args{.m = m,
-                  .n = n,
-                  .k = k,
-                  .trans_a = ta,
-                  .trans_b = tb,
-                  .in_type = lt_type_of<In>(),
-                  .out_type = lt_type_of<Out>(),
-                  .allow_tf32 = prec.tf32,
-                  .alpha = opt.alpha,
-                  .beta = opt.beta,
-                  .a = d_a.data(),
-                  .lda = a.ld,
-                  .b = d_b.data(),
-                  .ldb = b.ld,
-                  .c = use_c ? (opt.c_is_d ? static_cast<const void*>(d_d.data()) : d_c.data())
-                             : nullptr,
-                  .ldc = use_c ? ldd : 0,
-                  .d = d_d.data(),
-                  .ldd = ldd,
-                  .epilogue = e,
-                  .bias = with_bias ? d_bias.data() : nullptr};
+  MatmulArgs args{
+      .m = m,
+      .n = n,
+      .k = k,
+      .trans_a = ta,
+      .trans_b = tb,
+      .in_type = lt_type_of<In>(),
+      .out_type = lt_type_of<Out>(),
+      .allow_tf32 = prec.tf32,
+      .alpha = opt.alpha,
+      .beta = opt.beta,
+      .a = d_a.data(),
+      .lda = a.ld,
+      .b = d_b.data(),
+      .ldb = b.ld,
+      .c = use_c ? (opt.c_is_d ? static_cast<const void*>(d_d.data()) : d_c.data()) : nullptr,
+      .ldc = use_c ? ldd : 0,
+      .d = d_d.data(),
+      .ldd = ldd,
+      .epilogue = e,
+      .bias = with_bias ? d_bias.data() : nullptr};
   test_lt().matmul(args);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto got = download(d_d);
@@ -297,8 +313,11 @@ void check_forward(const Shape& s, bool ta, bool tb, Epilogue e, const Precision
       }
       const double expect = activate(e, pre);
       // 1.2 bounds the slope of every activation here (gelu' peaks at about 1.13), so an error
-      // in the pre-activation reaches the output at most 1.2 times larger.
-      const double tol = prec.acc * scale * 1.2 + prec.out * (std::fabs(expect) + 1.2 * std::fabs(pre)) + 1e-6;
+      // in the pre-activation reaches the output at most 1.2 times larger. GELU also gets room
+      // for the device's tanh (its exact form is checked by the dedicated test below).
+      const double tol = prec.acc * scale * 1.2 +
+                         prec.out * (std::fabs(expect) + 1.2 * std::fabs(pre)) +
+                         (is_gelu(e) ? 2e-5 * std::fabs(pre) : 0.0) + 1e-6;
       checker.check("D", i, j, to_double(got[static_cast<std::size_t>(i * ldd + j)]), expect, tol);
     }
     for (index_t j = n; j < ldd; ++j)
@@ -320,9 +339,9 @@ void forward_suite(bool tf32, std::initializer_list<Epilogue> epilogues, unsigne
       for (Epilogue e : epilogues) check_forward<In, Out>(s, t & 1, t & 2, e, prec, rng);
 }
 
-constexpr std::initializer_list<Epilogue> forward_epilogues = {
-    Epilogue::none, Epilogue::bias, Epilogue::relu, Epilogue::relu_bias, Epilogue::gelu,
-    Epilogue::gelu_bias};
+constexpr std::initializer_list<Epilogue> forward_epilogues = {Epilogue::none, Epilogue::bias,
+                                                               Epilogue::relu, Epilogue::relu_bias,
+                                                               Epilogue::gelu, Epilogue::gelu_bias};
 
 }  // namespace
 
@@ -355,9 +374,9 @@ TEST_CASE("KILN_CUBLAS_CHECK names the status") {
 }
 
 TEST_CASE("the device probe names the device") {
-  CHECK(kiln::cuda::device_available());
-  CHECK(kiln::cuda::device_unavailable_reason().empty());
-  CHECK_FALSE(kiln::cuda::device_name().empty());
+  CHECK(kiln::cu::device_available());
+  CHECK(kiln::cu::device_unavailable_reason().empty());
+  CHECK_FALSE(kiln::cu::device_name().empty());
 }
 
 // ---- caching allocator ------------------------------------------------------------------------
@@ -383,8 +402,8 @@ TEST_CASE("CachingAllocator statistics: in use, peak, cached") {
   CHECK(CachingAllocator::round_size((std::size_t{1} << 20) + 1) == std::size_t{2} << 20);
   CHECK(CachingAllocator::round_size(std::size_t{3} << 20) == std::size_t{4} << 20);
 
-  void* small = alloc.allocate(1000);                       // 1 KiB block
-  void* large = alloc.allocate(std::size_t{3} << 20);       // 4 MiB block
+  void* small = alloc.allocate(1000);                  // 1 KiB block
+  void* large = alloc.allocate(std::size_t{3} << 20);  // 4 MiB block
   const std::size_t both = 1024 + (std::size_t{4} << 20);
   auto st = alloc.stats();
   CHECK(st.in_use_bytes == both);
@@ -415,7 +434,7 @@ TEST_CASE("CachingAllocator statistics: in use, peak, cached") {
   alloc.deallocate(small2);
   CHECK(alloc.stats().in_use_bytes == 0);
   CHECK(alloc.stats().cached_bytes == 1024 + 512);
-  alloc.deallocate(nullptr);  // a no-op
+  alloc.deallocate(nullptr);                                   // a no-op
   CHECK_THROWS_AS(alloc.deallocate(small), kiln::ValueError);  // released twice
 }
 
@@ -427,15 +446,18 @@ TEST_CASE("CachingAllocator picks the best-fitting cached block") {
   alloc.deallocate(b4k);
   alloc.deallocate(b2k);
   alloc.deallocate(b8k);
-  CHECK(alloc.allocate(2000) == b2k);  // 2048 fits best
-  CHECK(alloc.allocate(3000) == b4k);  // 3072 requested: 4096 is the smallest that fits
-  void* fresh = alloc.allocate(512);   // 8192 is more than twice 512: not spent on it
+  void* first = alloc.allocate(2000);   // 2048 requested: the 2048 block fits best
+  void* second = alloc.allocate(3000);  // 3072 requested: 4096 is the smallest that fits
+  void* fresh = alloc.allocate(512);    // 8192 is more than twice 512: not spent on it
+  CHECK(first == b2k);
+  CHECK(second == b4k);
   CHECK(fresh != b8k);
   CHECK(alloc.stats().cache_hits == 2);
-  alloc.deallocate(fresh);
+  for (void* p : {first, second, fresh}) alloc.deallocate(p);
 }
 
-TEST_CASE("CachingAllocator: out of memory throws, names the request, and the allocator still works") {
+TEST_CASE(
+    "CachingAllocator: out of memory throws, names the request, and the allocator still works") {
   CachingAllocator alloc;
   alloc.deallocate(alloc.allocate(std::size_t{4} << 20));  // something in the cache to release
   REQUIRE(alloc.stats().cached_bytes == std::size_t{4} << 20);
@@ -499,8 +521,8 @@ TEST_CASE("PinnedBuffer round trip through the device") {
   KILN_CUDA_CHECK(cudaStreamCreate(&stream));
   DeviceBuffer<float> device(n);
   PinnedBuffer<float> down(n);
-  KILN_CUDA_CHECK(cudaMemcpyAsync(device.data(), up.data(), up.size_bytes(),
-                                  cudaMemcpyHostToDevice, stream));
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(device.data(), up.data(), up.size_bytes(), cudaMemcpyHostToDevice, stream));
   KILN_CUDA_CHECK(cudaMemcpyAsync(down.data(), device.data(), down.size_bytes(),
                                   cudaMemcpyDeviceToHost, stream));
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -523,8 +545,8 @@ TEST_CASE("PinnedBuffer round trip through the device") {
 TEST_CASE("Lt::validate rejects bad shapes and unsupported epilogue combinations") {
   // validate never dereferences: any non-null address stands in for device memory.
   void* fake = reinterpret_cast<void*>(std::uintptr_t{4096});
-  const MatmulArgs ok{.m = 7, .n = 13, .k = 5, .a = fake, .lda = 5, .b = fake, .ldb = 13,
-                      .d = fake, .ldd = 13};
+  const MatmulArgs ok{
+      .m = 7, .n = 13, .k = 5, .a = fake, .lda = 5, .b = fake, .ldb = 13, .d = fake, .ldd = 13};
   CHECK_NOTHROW(Lt::validate(ok));
 
   auto message_of = [](const MatmulArgs& x) -> std::string {
@@ -568,7 +590,7 @@ TEST_CASE("Lt::validate rejects bad shapes and unsupported epilogue combinations
   x.aux_ld = 64;  // bits: must be a multiple of 128
   CHECK_THROWS_AS(Lt::validate(x), kiln::ShapeError);
   CHECK(contains(message_of(x), "relu_mask_ld(n) = 128"));
-  x.aux_ld = kiln::cuda::relu_mask_ld(13);
+  x.aux_ld = kiln::cu::relu_mask_ld(13);
   CHECK_NOTHROW(Lt::validate(x));
   x = ok;
   x.epilogue = Epilogue::dgelu_bgrad;
@@ -576,7 +598,7 @@ TEST_CASE("Lt::validate rejects bad shapes and unsupported epilogue combinations
   x.aux = fake;
   x.aux_ld = 13;  // elements: must be a multiple of 8
   CHECK_THROWS_AS(Lt::validate(x), kiln::ShapeError);
-  x.aux_ld = kiln::cuda::gelu_aux_ld(13);
+  x.aux_ld = kiln::cu::gelu_aux_ld(13);
   CHECK_NOTHROW(Lt::validate(x));
   x.k = 1;  // DGELU / DRELU need k >= 2
   x.lda = 1;
@@ -604,9 +626,7 @@ TEST_CASE("Lt matmul f32 with TF32 multiplies (looser tolerance)") {
   forward_suite<float, float>(true, forward_epilogues, 102);
 }
 
-TEST_CASE("Lt matmul f16 -> f16") {
-  forward_suite<__half, __half>(false, forward_epilogues, 103);
-}
+TEST_CASE("Lt matmul f16 -> f16") { forward_suite<__half, __half>(false, forward_epilogues, 103); }
 
 TEST_CASE("Lt matmul bf16 -> bf16") {
   forward_suite<__nv_bfloat16, __nv_bfloat16>(false, forward_epilogues, 104);
@@ -625,34 +645,43 @@ TEST_CASE("Lt matmul honours padded leading dimensions, alpha and beta") {
                                 {.pad = 3, .alpha = 0.5f, .beta = -1.5f});
     check_forward<float, float>(s, t & 1, t & 2, Epilogue::bias, precision_for<float>(false), rng,
                                 {.pad = 5, .alpha = 2.0f, .beta = 0.25f, .c_is_d = true});
-    check_forward<__nv_bfloat16, __nv_bfloat16>(s, t & 1, t & 2, Epilogue::relu_bias,
-                                                precision_for<__nv_bfloat16>(false), rng,
-                                                {.pad = 8, .alpha = 1.0f, .beta = 1.0f,
-                                                 .c_is_d = true});
+    check_forward<__nv_bfloat16, __nv_bfloat16>(
+        s, t & 1, t & 2, Epilogue::relu_bias, precision_for<__nv_bfloat16>(false), rng,
+        {.pad = 8, .alpha = 1.0f, .beta = 1.0f, .c_is_d = true});
   }
 }
 
 TEST_CASE("Lt GELU epilogue is the tanh approximation, not erf") {
-  // k = 1 and B = 1 make the pre-activation exactly the value in A, spread over [-5, 5], so the
-  // comparison sees the activation alone. The two forms differ by up to about 4.7e-4 around
-  // |x| = 2; f32 output is good to about 1e-6.
-  constexpr index_t m = 1, n = 4096;
-  std::vector<float> a(1, 1.0f);
+  // k = 1 and A = 1 make the pre-activation exactly the value in B, spread over [-5, 5], so the
+  // comparison sees the activation alone. The two forms differ by up to 4.7e-4 (at |x| = 2.7,
+  // and by more than 2e-4 on a third of these points); f32 output is good to about 1e-6.
+  constexpr index_t m = 2, n = 4096;
+  std::vector<float> a(static_cast<std::size_t>(m), 1.0f);
   std::vector<float> b(static_cast<std::size_t>(n));
-  for (index_t j = 0; j < n; ++j) b[static_cast<std::size_t>(j)] = -5.0f + 10.0f * static_cast<float>(j) / (n - 1);
+  for (index_t j = 0; j < n; ++j)
+    b[static_cast<std::size_t>(j)] = -5.0f + 10.0f * static_cast<float>(j) / (n - 1);
   auto d_a = upload(a);
   auto d_b = upload(b);
-  DeviceBuffer<float> d_d(n);
-  test_lt().matmul({.m = m, .n = n, .k = 1, .a = d_a.data(), .lda = 1, .b = d_b.data(),
-                    .ldb = n, .d = d_d.data(), .ldd = n, .epilogue = Epilogue::gelu});
+  DeviceBuffer<float> d_d(m * n);
+  test_lt().matmul({.m = m,
+                    .n = n,
+                    .k = 1,
+                    .a = d_a.data(),
+                    .lda = 1,
+                    .b = d_b.data(),
+                    .ldb = n,
+                    .d = d_d.data(),
+                    .ldd = n,
+                    .epilogue = Epilogue::gelu});
   const auto got = download(d_d);
   double worst_tanh = 0.0, worst_erf = 0.0;
-  for (index_t j = 0; j < n; ++j) {
-    const double x = b[static_cast<std::size_t>(j)];
-    const double g = got[static_cast<std::size_t>(j)];
-    worst_tanh = std::max(worst_tanh, std::fabs(g - gelu_tanh(x)));
-    worst_erf = std::max(worst_erf, std::fabs(g - gelu_erf(x)));
-  }
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      const double x = b[static_cast<std::size_t>(j)];
+      const double g = got[static_cast<std::size_t>(i * n + j)];
+      worst_tanh = std::max(worst_tanh, std::fabs(g - gelu_tanh(x)));
+      worst_erf = std::max(worst_erf, std::fabs(g - gelu_erf(x)));
+    }
   INFO("largest difference from tanh-GELU: " << worst_tanh << ", from erf-GELU: " << worst_erf);
   CHECK(worst_tanh < 5e-5);
   CHECK(worst_erf > 2e-4);
@@ -670,7 +699,7 @@ void check_activation_pair(bool relu, index_t m, index_t n, index_t k, index_t p
                            std::mt19937& rng) {
   std::ostringstream name;
   name << (relu ? "relu" : "gelu") << " pair, m=" << m << " n=" << n << " k=" << k << " p=" << p
-       << " type=" << kiln::cuda::to_string(lt_type_of<T>());
+       << " type=" << kiln::cu::to_string(lt_type_of<T>());
   INFO(name.str());
   const Precision prec = precision_for<T>(false);
 
@@ -682,17 +711,28 @@ void check_activation_pair(bool relu, index_t m, index_t n, index_t k, index_t p
   auto d_b = upload(b.stored);
   DeviceBuffer<T> d_h(m * n);
 
-  const index_t aux_ld = relu ? kiln::cuda::relu_mask_ld(n) : kiln::cuda::gelu_aux_ld(n);
-  DeviceBuffer<std::uint8_t> d_mask(relu ? kiln::cuda::relu_mask_bytes(m, n) : 0);
+  const index_t aux_ld = relu ? kiln::cu::relu_mask_ld(n) : kiln::cu::gelu_aux_ld(n);
+  DeviceBuffer<std::uint8_t> d_mask(relu ? kiln::cu::relu_mask_bytes(m, n) : 0);
   DeviceBuffer<T> d_pre(relu ? 0 : m * aux_ld);
   void* aux = relu ? static_cast<void*>(d_mask.data()) : static_cast<void*>(d_pre.data());
   if (relu) KILN_CUDA_CHECK(cudaMemset(d_mask.data(), 0, d_mask.size_bytes()));
 
-  test_lt().matmul({.m = m, .n = n, .k = k, .trans_b = true, .in_type = lt_type_of<T>(),
-                    .out_type = lt_type_of<T>(), .a = d_x.data(), .lda = k, .b = d_w.data(),
-                    .ldb = k, .d = d_h.data(), .ldd = n,
+  test_lt().matmul({.m = m,
+                    .n = n,
+                    .k = k,
+                    .trans_b = true,
+                    .in_type = lt_type_of<T>(),
+                    .out_type = lt_type_of<T>(),
+                    .a = d_x.data(),
+                    .lda = k,
+                    .b = d_w.data(),
+                    .ldb = k,
+                    .d = d_h.data(),
+                    .ldd = n,
                     .epilogue = relu ? Epilogue::relu_aux_bias : Epilogue::gelu_aux_bias,
-                    .bias = d_b.data(), .aux = aux, .aux_ld = aux_ld});
+                    .bias = d_b.data(),
+                    .aux = aux,
+                    .aux_ld = aux_ld});
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto h = download(d_h);
   const auto pre_gpu = relu ? std::vector<T>{} : download(d_pre);
@@ -707,7 +747,8 @@ void check_activation_pair(bool relu, index_t m, index_t n, index_t k, index_t p
       const double scale = mag[idx] + std::fabs(b.at(0, j));
       const double expect = relu ? std::max(pre, 0.0) : gelu_tanh(pre);
       forward.check("H", i, j, to_double(h[idx]), expect,
-                    prec.acc * scale * 1.2 + prec.out * (std::fabs(expect) + 1.2 * std::fabs(pre)) + 1e-6);
+                    prec.acc * scale * 1.2 + prec.out * (std::fabs(expect) + 1.2 * std::fabs(pre)) +
+                        (relu ? 0.0 : 2e-5 * std::fabs(pre)) + 1e-6);
       if (!relu)
         forward.check("aux (GELU input)", i, j,
                       to_double(pre_gpu[static_cast<std::size_t>(i * aux_ld + j)]), pre,
@@ -723,11 +764,21 @@ void check_activation_pair(bool relu, index_t m, index_t n, index_t k, index_t p
   auto d_w2 = upload(w2.stored);
   DeviceBuffer<T> d_dpre(m * n);
   DeviceBuffer<T> d_db(n);
-  test_lt().matmul({.m = m, .n = n, .k = p, .in_type = lt_type_of<T>(),
-                    .out_type = lt_type_of<T>(), .a = d_g.data(), .lda = p, .b = d_w2.data(),
-                    .ldb = n, .d = d_dpre.data(), .ldd = n,
+  test_lt().matmul({.m = m,
+                    .n = n,
+                    .k = p,
+                    .in_type = lt_type_of<T>(),
+                    .out_type = lt_type_of<T>(),
+                    .a = d_g.data(),
+                    .lda = p,
+                    .b = d_w2.data(),
+                    .ldb = n,
+                    .d = d_dpre.data(),
+                    .ldd = n,
                     .epilogue = relu ? Epilogue::drelu_bgrad : Epilogue::dgelu_bgrad,
-                    .bias = d_db.data(), .aux = aux, .aux_ld = aux_ld});
+                    .bias = d_db.data(),
+                    .aux = aux,
+                    .aux_ld = aux_ld});
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto dpre = download(d_dpre);
   const auto db = download(d_db);
@@ -741,11 +792,14 @@ void check_activation_pair(bool relu, index_t m, index_t n, index_t k, index_t p
       const auto idx = static_cast<std::size_t>(i * n + j);
       // The derivative is taken where the GPU took it: the ReLU mask is "H > 0" of the GPU's own
       // forward output (pre > 0 exactly when relu(pre) > 0), the GELU input is the GPU's aux.
-      const double slope = relu ? (to_double(h[idx]) > 0.0 ? 1.0 : 0.0)
-                                : gelu_tanh_grad(to_double(pre_gpu[static_cast<std::size_t>(i * aux_ld + j)]));
+      const double slope =
+          relu ? (to_double(h[idx]) > 0.0 ? 1.0 : 0.0)
+               : gelu_tanh_grad(to_double(pre_gpu[static_cast<std::size_t>(i * aux_ld + j)]));
       const double expect = prod[idx] * slope;
-      const double tol = prec.acc * mag[idx] * std::fabs(slope) * 1.01 + prec.out * std::fabs(expect) +
-                         1e-5 * std::fabs(prod[idx]) + 1e-6;
+      // Room for the device's own evaluation of gelu' (1e-4 absolute on a slope in [-0.13, 1.13]).
+      const double tol = prec.acc * mag[idx] * std::fabs(slope) * 1.01 +
+                         prec.out * std::fabs(expect) + (relu ? 0.0 : 1e-4 * std::fabs(prod[idx])) +
+                         1e-6;
       backward.check("dPre", i, j, to_double(dpre[idx]), expect, tol);
       db_expect[static_cast<std::size_t>(j)] += expect;
       db_tol[static_cast<std::size_t>(j)] += tol;
@@ -765,8 +819,8 @@ template <class T>
 void check_bias_gradient(Epilogue e, const Shape& s, bool ta, bool tb, std::mt19937& rng) {
   const auto [m, n, k] = s;
   std::ostringstream name;
-  name << kiln::cuda::to_string(e) << " m=" << m << " n=" << n << " k=" << k << " trans_a=" << ta
-       << " trans_b=" << tb << " type=" << kiln::cuda::to_string(lt_type_of<T>());
+  name << kiln::cu::to_string(e) << " m=" << m << " n=" << n << " k=" << k << " trans_a=" << ta
+       << " trans_b=" << tb << " type=" << kiln::cu::to_string(lt_type_of<T>());
   INFO(name.str());
   const Precision prec = precision_for<T>(false);
   const index_t a_rows = ta ? k : m, a_cols = ta ? m : k;
@@ -776,12 +830,23 @@ void check_bias_gradient(Epilogue e, const Shape& s, bool ta, bool tb, std::mt19
   auto d_a = upload(a.stored);
   auto d_b = upload(b.stored);
   DeviceBuffer<T> d_d(m * n);
-  const index_t len = kiln::cuda::epilogue_bias_length(e, m, n);
+  const index_t len = kiln::cu::epilogue_bias_length(e, m, n);
   DeviceBuffer<T> d_db(len);
-  test_lt().matmul({.m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb,
-                    .in_type = lt_type_of<T>(), .out_type = lt_type_of<T>(), .a = d_a.data(),
-                    .lda = a_cols, .b = d_b.data(), .ldb = b_cols, .d = d_d.data(), .ldd = n,
-                    .epilogue = e, .bias = d_db.data()});
+  test_lt().matmul({.m = m,
+                    .n = n,
+                    .k = k,
+                    .trans_a = ta,
+                    .trans_b = tb,
+                    .in_type = lt_type_of<T>(),
+                    .out_type = lt_type_of<T>(),
+                    .a = d_a.data(),
+                    .lda = a_cols,
+                    .b = d_b.data(),
+                    .ldb = b_cols,
+                    .d = d_d.data(),
+                    .ldd = n,
+                    .epilogue = e,
+                    .bias = d_db.data()});
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto d = download(d_d);
   const auto db = download(d_db);
@@ -799,8 +864,8 @@ void check_bias_gradient(Epilogue e, const Shape& s, bool ta, bool tb, std::mt19
     double sum = 0.0, sum_abs = 0.0;
     for (index_t p = 0; p < k; ++p) {
       // bgrada: op(A)[r, p]; bgradb: op(B)[p, r].
-      const double v = e == Epilogue::bgrada ? (ta ? a.at(p, r) : a.at(r, p))
-                                             : (tb ? b.at(r, p) : b.at(p, r));
+      const double v =
+          e == Epilogue::bgrada ? (ta ? a.at(p, r) : a.at(r, p)) : (tb ? b.at(r, p) : b.at(p, r));
       sum += v;
       sum_abs += std::fabs(v);
     }
@@ -815,8 +880,8 @@ void check_bias_gradient(Epilogue e, const Shape& s, bool ta, bool tb, std::mt19
 
 TEST_CASE("Lt relu_aux_bias forward, then drelu_bgrad: dX = dY * (pre > 0), db = column sums") {
   std::mt19937 rng(201);
-  for (const auto& [m, n, k, p] : {std::array<index_t, 4>{7, 13, 5, 2}, {64, 33, 17, 5},
-                                   {128, 256, 64, 48}}) {
+  for (const auto& [m, n, k, p] :
+       {std::array<index_t, 4>{7, 13, 5, 2}, {64, 33, 17, 5}, {128, 256, 64, 48}}) {
     check_activation_pair<float>(true, m, n, k, p, rng);
     check_activation_pair<__half>(true, m, n, k, p, rng);
     check_activation_pair<__nv_bfloat16>(true, m, n, k, p, rng);
@@ -825,8 +890,8 @@ TEST_CASE("Lt relu_aux_bias forward, then drelu_bgrad: dX = dY * (pre > 0), db =
 
 TEST_CASE("Lt gelu_aux_bias forward, then dgelu_bgrad") {
   std::mt19937 rng(202);
-  for (const auto& [m, n, k, p] : {std::array<index_t, 4>{7, 13, 5, 2}, {64, 33, 17, 5},
-                                   {128, 256, 64, 48}}) {
+  for (const auto& [m, n, k, p] :
+       {std::array<index_t, 4>{7, 13, 5, 2}, {64, 33, 17, 5}, {128, 256, 64, 48}}) {
     check_activation_pair<float>(false, m, n, k, p, rng);
     check_activation_pair<__half>(false, m, n, k, p, rng);
     check_activation_pair<__nv_bfloat16>(false, m, n, k, p, rng);
@@ -853,8 +918,15 @@ TEST_CASE("Lt caches one plan per problem and reuses it") {
   auto d_a = upload(host);
   auto d_b = upload(host);
   DeviceBuffer<float> d_d(64 * 64);
-  const MatmulArgs args{.m = 64, .n = 64, .k = 64, .a = d_a.data(), .lda = 64, .b = d_b.data(),
-                        .ldb = 64, .d = d_d.data(), .ldd = 64};
+  const MatmulArgs args{.m = 64,
+                        .n = 64,
+                        .k = 64,
+                        .a = d_a.data(),
+                        .lda = 64,
+                        .b = d_b.data(),
+                        .ldb = 64,
+                        .d = d_d.data(),
+                        .ldd = 64};
   lt.matmul(args);
   lt.matmul(args);
   CHECK(lt.cached_plans() == 1);

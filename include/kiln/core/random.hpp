@@ -57,8 +57,8 @@ KILN_HOST_DEVICE PhiloxKey make_key(std::uint64_t seed) {
 KILN_HOST_DEVICE PhiloxCounter make_counter(std::uint64_t offset, std::uint32_t stream,
                                             std::uint32_t family) {
   const std::uint64_t block = offset >> 2;
-  return PhiloxCounter{{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
-                        stream, family}};
+  return PhiloxCounter{
+      {static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), stream, family}};
 }
 
 // 24 high bits → [0, 1) exactly representable in float (never rounds up to 1.0f).
@@ -103,7 +103,8 @@ KILN_HOST_DEVICE float uniform01(std::uint64_t seed, std::uint64_t offset,
 // normals; offset % 4 picks cos/sin of the first or second pair. |result| < 5.8 by construction
 // (the smallest u1 is 2^-24).
 KILN_HOST_DEVICE float normal(std::uint64_t seed, std::uint64_t offset, std::uint32_t stream = 0) {
-  const PhiloxCounter r = philox4x32(detail::make_key(seed), detail::make_counter(offset, stream, 1));
+  const PhiloxCounter r =
+      philox4x32(detail::make_key(seed), detail::make_counter(offset, stream, 1));
   const unsigned lane = static_cast<unsigned>(offset & 3);
   const unsigned pair = lane >> 1;
   const float u1 = detail::unit_float_open0(r.v[2 * pair]);

@@ -54,7 +54,8 @@ namespace detail {
 template <class... Parts>
 [[noreturn]] void throw_csv_error(const std::string& file, index_t line, std::size_t offset,
                                   const Parts&... parts) {
-  throw DataError(::kiln::detail::concat(file, ": line ", line, ", byte offset ", offset, ": ", parts...));
+  throw DataError(
+      ::kiln::detail::concat(file, ": line ", line, ", byte offset ", offset, ": ", parts...));
 }
 
 inline std::string_view trim(std::string_view s, std::size_t& offset) {
@@ -62,7 +63,8 @@ inline std::string_view trim(std::string_view s, std::size_t& offset) {
     s.remove_prefix(1);
     ++offset;
   }
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 }  // namespace detail
@@ -70,8 +72,8 @@ inline std::string_view trim(std::string_view s, std::size_t& offset) {
 // Parses CSV text; `name` is the file name used in errors.
 inline Dataset parse_csv_classification(std::string_view text, const std::string& name,
                                         const CsvOptions& options = {}) {
-  KILN_CHECK(options.num_classes >= 0, ValueError, "CsvOptions: num_classes = ",
-             options.num_classes, " must not be negative");
+  KILN_CHECK(options.num_classes >= 0, ValueError,
+             "CsvOptions: num_classes = ", options.num_classes, " must not be negative");
   Dataset ds;
   std::size_t fields_expected = 0;  // set by the first data row
   index_t first_data_line = 0;
@@ -103,8 +105,10 @@ inline Dataset parse_csv_classification(std::string_view text, const std::string
     }
     if (fields_expected == 0) {
       if (fields.size() < 2)
-        detail::throw_csv_error(name, line, line_start, "a row needs a label and at least one "
-                                "feature, found ", fields.size(), " field");
+        detail::throw_csv_error(name, line, line_start,
+                                "a row needs a label and at least one "
+                                "feature, found ",
+                                fields.size(), " field");
       fields_expected = fields.size();
       first_data_line = line;
       ds.d = static_cast<index_t>(fields.size() - 1);
@@ -122,13 +126,15 @@ inline Dataset parse_csv_classification(std::string_view text, const std::string
                                 "' is not a single capital letter A-Z");
       label = label_text[0] - 'A';
     } else {
-      const auto [ptr, ec] = std::from_chars(label_text.data(), label_text.data() + label_text.size(), label);
+      const auto [ptr, ec] =
+          std::from_chars(label_text.data(), label_text.data() + label_text.size(), label);
       if (ec != std::errc{} || ptr != label_text.data() + label_text.size() || label < 0)
         detail::throw_csv_error(name, line, field_offsets[label_at], "label '", label_text,
                                 "' is not a non-negative integer");
     }
-    const int limit = options.num_classes > 0 ? options.num_classes
-                      : options.label_kind == LabelKind::letter ? 26 : 0;
+    const int limit = options.num_classes > 0                   ? options.num_classes
+                      : options.label_kind == LabelKind::letter ? 26
+                                                                : 0;
     if (limit > 0 && label >= limit)
       detail::throw_csv_error(name, line, field_offsets[label_at], "label ", label_text,
                               " is not below num_classes = ", limit);
@@ -151,8 +157,9 @@ inline Dataset parse_csv_classification(std::string_view text, const std::string
     detail::throw_csv_error(name, line == 0 ? 1 : line, text.size(),
                             text.empty() ? "file is empty" : "file has no data rows");
   ds.n = static_cast<index_t>(ds.labels.size());
-  ds.num_classes = options.num_classes > 0 ? options.num_classes
-                   : options.label_kind == LabelKind::letter ? 26 : max_label + 1;
+  ds.num_classes = options.num_classes > 0                   ? options.num_classes
+                   : options.label_kind == LabelKind::letter ? 26
+                                                             : max_label + 1;
   ds.sample_shape = {ds.d};
   return ds;
 }

@@ -19,10 +19,10 @@
 namespace kiln::data {
 
 struct Dataset {
-  std::vector<float> features;        // n × d, row-major
-  std::vector<std::int32_t> labels;   // n, each in [0, num_classes)
-  index_t n = 0;                      // samples
-  index_t d = 0;                      // features per sample
+  std::vector<float> features;       // n × d, row-major
+  std::vector<std::int32_t> labels;  // n, each in [0, num_classes)
+  index_t n = 0;                     // samples
+  index_t d = 0;                     // features per sample
   int num_classes = 0;
   // The shape of one sample before flattening (e.g. {20, 20} for an image); its product is d.
   // Models that need the spatial layout (convolutions) read it; {d} when there is none.
@@ -47,8 +47,8 @@ struct Dataset {
     KILN_CHECK(n >= 0 && d >= 0, ValueError, "Dataset: n = ", n, " and d = ", d,
                " must not be negative");
     KILN_CHECK(features.size() == static_cast<std::size_t>(n * d), ValueError,
-               "Dataset: features holds ", features.size(), " values, n × d = ", n, " × ", d,
-               " = ", n * d);
+               "Dataset: features holds ", features.size(), " values, n × d = ", n, " × ", d, " = ",
+               n * d);
     KILN_CHECK(labels.size() == static_cast<std::size_t>(n), ValueError, "Dataset: labels holds ",
                labels.size(), " values for n = ", n, " samples");
     KILN_CHECK(num_classes > 0, ValueError, "Dataset: num_classes = ", num_classes,
@@ -81,8 +81,8 @@ inline Dataset subset(const Dataset& ds, std::span<const index_t> rows) {
     const index_t i = rows[k];
     KILN_CHECK(i >= 0 && i < ds.n, ValueError, "subset: row ", i, " is outside [0, ", ds.n, ")");
     if (ds.d > 0)
-      std::memcpy(out.features.data() + static_cast<index_t>(k) * ds.d, ds.features.data() + i * ds.d,
-                  static_cast<std::size_t>(ds.d) * sizeof(float));
+      std::memcpy(out.features.data() + static_cast<index_t>(k) * ds.d,
+                  ds.features.data() + i * ds.d, static_cast<std::size_t>(ds.d) * sizeof(float));
     out.labels[k] = ds.labels[static_cast<std::size_t>(i)];
   }
   return out;
@@ -105,8 +105,8 @@ struct SplitOptions {
 };
 
 inline Split split(const Dataset& ds, index_t first_count, const SplitOptions& options = {}) {
-  KILN_CHECK(first_count >= 0 && first_count <= ds.n, ValueError, "split: first_count = ",
-             first_count, " is outside [0, ", ds.n, "]");
+  KILN_CHECK(first_count >= 0 && first_count <= ds.n, ValueError,
+             "split: first_count = ", first_count, " is outside [0, ", ds.n, "]");
   std::vector<index_t> order(static_cast<std::size_t>(ds.n));
   std::iota(order.begin(), order.end(), index_t{0});
   if (options.shuffle) Generator(options.seed).shuffle(order);

@@ -54,13 +54,15 @@ inline std::vector<std::uint8_t> read_raw_file(const std::filesystem::path& path
   in.seekg(0, std::ios::beg);
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
   if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size))
-    throw DataError(::kiln::detail::concat(name, ": read failed after ", in.gcount(), " of ", size, " bytes"));
+    throw DataError(
+        ::kiln::detail::concat(name, ": read failed after ", in.gcount(), " of ", size, " bytes"));
   return bytes;
 }
 
 // Inflates gzip data (one or more concatenated members, as `cat a.gz b.gz` makes). `name` only
 // labels errors; their offsets count compressed bytes.
-inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> packed, const std::string& name) {
+inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> packed,
+                                        const std::string& name) {
 #if KILN_DATA_ZLIB
   std::vector<std::uint8_t> out;
   // The last four bytes of an intact single-member file hold its size mod 2^32: a good first
@@ -77,7 +79,8 @@ inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> packed, co
 
   z_stream zs{};
   // 15 + 16: a gzip wrapper is required (a raw zlib stream is not a .gz file).
-  if (inflateInit2(&zs, 15 + 16) != Z_OK) throw DataError(::kiln::detail::concat(name, ": zlib init failed"));
+  if (inflateInit2(&zs, 15 + 16) != Z_OK)
+    throw DataError(::kiln::detail::concat(name, ": zlib init failed"));
   std::size_t in_pos = 0, out_pos = 0;
   // zlib counts in 32-bit uInt: feed at most 1 GiB at a time.
   constexpr std::size_t chunk = std::size_t{1} << 30;
@@ -116,8 +119,10 @@ inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> packed, co
   return out;
 #else
   (void)packed;
-  throw DataError(::kiln::detail::concat(name, ": is gzip-compressed, and reading gzip requires zlib: "
-                                       "build with zlib (KILN_HAVE_ZLIB=1) or decompress it first"));
+  throw DataError(
+      ::kiln::detail::concat(name,
+                             ": is gzip-compressed, and reading gzip requires zlib: "
+                             "build with zlib (KILN_HAVE_ZLIB=1) or decompress it first"));
 #endif
 }
 

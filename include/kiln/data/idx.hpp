@@ -86,8 +86,7 @@ inline IdxArray read_idx(const std::filesystem::path& path) {
 // Throws DataError when the files disagree on n or a label is >= num_classes, naming the file,
 // the label's byte offset and its value; ValueError when num_classes is not in [1, 256].
 inline Dataset load_idx_classification(const std::filesystem::path& images_path,
-                                       const std::filesystem::path& labels_path,
-                                       int num_classes) {
+                                       const std::filesystem::path& labels_path, int num_classes) {
   KILN_CHECK(num_classes > 0 && num_classes <= 256, ValueError,
              "load_idx_classification: num_classes = ", num_classes,
              " must be in [1, 256] for byte labels");
@@ -95,7 +94,8 @@ inline Dataset load_idx_classification(const std::filesystem::path& images_path,
   const IdxArray images = read_idx(images_path);
   const IdxArray labels = read_idx(labels_path);
   if (images.dims.size() < 2)
-    throw_data_error(images_name, 3, "images need at least 2 dimensions (n, features...), file has ",
+    throw_data_error(images_name, 3,
+                     "images need at least 2 dimensions (n, features...), file has ",
                      images.dims.size());
   if (labels.dims.size() != 1)
     throw_data_error(labels_name, 3, "labels need exactly 1 dimension (n), file has ",

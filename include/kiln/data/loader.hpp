@@ -28,6 +28,7 @@
 #include <kiln/core/random.hpp>
 #include <kiln/data/dataset.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -38,28 +39,29 @@
 #include <numeric>
 #include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace kiln::data {
 
 // One mini-batch: `size` rows of `dim` features, row-major and contiguous.
 struct Batch {
-  std::span<float> features;          // size × dim
-  std::span<std::int32_t> labels;     // size
-  std::span<const index_t> rows;      // the dataset rows it holds, in batch order
+  std::span<float> features;       // size × dim
+  std::span<std::int32_t> labels;  // size
+  std::span<const index_t> rows;   // the dataset rows it holds, in batch order
   index_t size = 0;
   index_t dim = 0;
-  index_t index = 0;                  // position within the epoch, from 0
+  index_t index = 0;  // position within the epoch, from 0
   index_t epoch = 0;
 };
 
 struct LoaderOptions {
   index_t batch_size = 32;
-  bool shuffle = true;       // false: rows in dataset order every epoch
+  bool shuffle = true;  // false: rows in dataset order every epoch
   std::uint64_t seed = 0;
-  bool drop_last = false;    // true: omit a final batch smaller than batch_size
-  int workers = 1;           // threads assembling batches; 0 = in next(), on the caller's thread
-  int prefetch = 2;          // batches assembled ahead (with workers > 0), at least 1
+  bool drop_last = false;  // true: omit a final batch smaller than batch_size
+  int workers = 1;         // threads assembling batches; 0 = in next(), on the caller's thread
+  int prefetch = 2;        // batches assembled ahead (with workers > 0), at least 1
   // Runs on each assembled batch (on a worker thread when workers > 0), e.g. augmentation or
   // normalisation. Must be thread-safe when workers > 1; for randomness, derive it from
   // (epoch, index) with kiln/core/random.hpp so results do not depend on thread timing.
@@ -75,8 +77,9 @@ class Loader {
                " must be positive");
     KILN_CHECK(opt_.workers >= 0, ValueError, "Loader: workers = ", opt_.workers,
                " must not be negative");
-    KILN_CHECK(opt_.workers == 0 || opt_.prefetch >= 1, ValueError, "Loader: prefetch = ",
-               opt_.prefetch, " must be at least 1 when workers > 0 (use workers = 0 for none)");
+    KILN_CHECK(opt_.workers == 0 || opt_.prefetch >= 1, ValueError,
+               "Loader: prefetch = ", opt_.prefetch,
+               " must be at least 1 when workers > 0 (use workers = 0 for none)");
     const index_t n = ds_->n, b = opt_.batch_size;
     batches_per_epoch_ = opt_.drop_last ? n / b : (n + b - 1) / b;
     const std::size_t slots = opt_.workers == 0 ? 1 : static_cast<std::size_t>(opt_.prefetch) + 1;
@@ -187,9 +190,14 @@ class Loader {
                     static_cast<std::size_t>(d) * sizeof(float));
       slot.labels[static_cast<std::size_t>(r)] = ds_->labels[static_cast<std::size_t>(i)];
     }
-    slot.batch = Batch{std::span<float>(slot.features.data(), static_cast<std::size_t>(size * d)),
-                       std::span<std::int32_t>(slot.labels.data(), static_cast<std::size_t>(size)),
-                       std::span<const index_t>(slot.rows), size, d, k, epoch_};
+    Batch& batch = slot.batch;
+    batch.features = {slot.features.data(), static_cast<std::size_t>(size * d)};
+    batch.labels = {slot.labels.data(), static_cast<std::size_t>(size)};
+    batch.rows = slot.rows;
+    batch.size = size;
+    batch.dim = d;
+    batch.index = k;
+    batch.epoch = epoch_;
     if (opt_.transform) opt_.transform(slot.batch);
   }
 

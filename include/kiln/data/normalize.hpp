@@ -71,8 +71,8 @@ inline Normalizer fit_normalizer(const Dataset& ds, const NormalizeOptions& opti
   KILN_CHECK(ds.n > 0 && ds.d > 0, ValueError,
              "fit_normalizer: standardisation needs a non-empty dataset (n = ", ds.n,
              ", d = ", ds.d, ")");
-  const std::size_t groups = options.standardize == Standardize::per_feature
-                                 ? static_cast<std::size_t>(ds.d) : 1;
+  const std::size_t groups =
+      options.standardize == Standardize::per_feature ? static_cast<std::size_t>(ds.d) : 1;
   std::vector<double> sum(groups, 0.0), sum_sq(groups, 0.0);
   // Two passes (mean, then squared deviations) avoid the cancellation of E[x²] − E[x]².
   for (std::size_t i = 0; i < ds.features.size(); ++i)

@@ -160,12 +160,17 @@ class OneCycleLr {
     detail::check_lr_arg(o.base_momentum, "OneCycleLr", "base_momentum");
     detail::check_lr_arg(o.max_momentum, "OneCycleLr", "max_momentum");
     const double initial = max_lr / o.div_factor, min_lr = initial / o.final_div_factor;
-    const double T = double(total_steps), up = o.pct_start * T - 1.0;
+    const double T = double(total_steps);
+    // The products are rounded before the subtraction, as in Python: a fused multiply-add
+    // (GCC contracts by default with -march=native) would turn 0.1 * 10 - 1 into 5.6e-17 instead
+    // of 0 and move a phase boundary past step 0.
+    volatile double up_product = o.pct_start * T, down_product = 2.0 * o.pct_start * T;
+    const double up = up_product - 1.0, down = down_product - 2.0;
     const double hi = o.max_momentum, lo = o.base_momentum;
     if (o.three_phase) {
       phases_ = 3;
       phase_[0] = {up, initial, max_lr, hi, lo};
-      phase_[1] = {2.0 * o.pct_start * T - 2.0, max_lr, initial, lo, hi};
+      phase_[1] = {down, max_lr, initial, lo, hi};
       phase_[2] = {T - 1.0, initial, min_lr, hi, hi};
     } else {
       phases_ = 2;

@@ -33,7 +33,7 @@
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 
-namespace kiln::cuda {
+namespace kiln::cu {
 
 // A snapshot of the allocator's counters; all sizes are rounded block sizes in bytes.
 struct AllocatorStats {
@@ -122,7 +122,7 @@ class CachingAllocator {
     if (ptr == nullptr) return;
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(ptr);
-    KILN_CHECK(it != live_.end(), ValueError, "kiln::cuda::CachingAllocator::deallocate: pointer ",
+    KILN_CHECK(it != live_.end(), ValueError, "kiln::cu::CachingAllocator::deallocate: pointer ",
                ptr, " was not handed out by this allocator (released twice?)");
     const std::size_t block = it->second;
     live_.erase(it);
@@ -212,7 +212,7 @@ class DeviceBuffer {
   // allocator cannot find the memory.
   explicit DeviceBuffer(index_t count, CachingAllocator& allocator = default_allocator())
       : allocator_(&allocator) {
-    KILN_CHECK(count >= 0, ValueError, "kiln::cuda::DeviceBuffer: element count ", count,
+    KILN_CHECK(count >= 0, ValueError, "kiln::cu::DeviceBuffer: element count ", count,
                " is negative");
     const auto n = static_cast<std::size_t>(count);
     if (n > CachingAllocator::max_request() / sizeof(T))
@@ -263,4 +263,4 @@ class DeviceBuffer {
   CachingAllocator* allocator_ = nullptr;
 };
 
-}  // namespace kiln::cuda
+}  // namespace kiln::cu

@@ -21,7 +21,7 @@
 #include <cudnn.h>
 #endif
 
-namespace kiln::cuda {
+namespace kiln::cu {
 
 // The enumerator's name for a cuBLAS / cuBLASLt status. cuBLAS has cublasGetStatusName, but it
 // needs libcublas at link time; this switch keeps check.cuh usable by code that links only
@@ -64,8 +64,8 @@ namespace detail {
 }
 
 #if defined(KILN_HAVE_CUDNN)
-[[noreturn]] inline void throw_cudnn_error(cudnnStatus_t status, const char* call,
-                                           const char* file, int line) {
+[[noreturn]] inline void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* file,
+                                           int line) {
   throw CudaError(::kiln::detail::concat("kiln: cuDNN call `", call, "` failed at ", file, ":",
                                          line, ": ", cudnnGetErrorString(status), " (",
                                          static_cast<int>(status), ")"));
@@ -73,30 +73,30 @@ namespace detail {
 #endif
 
 }  // namespace detail
-}  // namespace kiln::cuda
+}  // namespace kiln::cu
 
 // Evaluates `call` once; throws kiln::CudaError unless it returned cudaSuccess.
-#define KILN_CUDA_CHECK(call)                                                         \
-  do {                                                                                \
-    const cudaError_t kiln_cuda_status_ = (call);                                     \
-    if (kiln_cuda_status_ != cudaSuccess)                                             \
-      ::kiln::cuda::detail::throw_cuda_error(kiln_cuda_status_, #call, __FILE__, __LINE__); \
+#define KILN_CUDA_CHECK(call)                                                             \
+  do {                                                                                    \
+    const cudaError_t kiln_cuda_status_ = (call);                                         \
+    if (kiln_cuda_status_ != cudaSuccess)                                                 \
+      ::kiln::cu::detail::throw_cuda_error(kiln_cuda_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // Evaluates `call` once; throws kiln::CudaError unless it returned CUBLAS_STATUS_SUCCESS.
-#define KILN_CUBLAS_CHECK(call)                                                          \
-  do {                                                                                   \
-    const cublasStatus_t kiln_cublas_status_ = (call);                                   \
-    if (kiln_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                    \
-      ::kiln::cuda::detail::throw_cublas_error(kiln_cublas_status_, #call, __FILE__, __LINE__); \
+#define KILN_CUBLAS_CHECK(call)                                                               \
+  do {                                                                                        \
+    const cublasStatus_t kiln_cublas_status_ = (call);                                        \
+    if (kiln_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                         \
+      ::kiln::cu::detail::throw_cublas_error(kiln_cublas_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
 #if defined(KILN_HAVE_CUDNN)
 // Evaluates `call` once; throws kiln::CudaError unless it returned CUDNN_STATUS_SUCCESS.
-#define KILN_CUDNN_CHECK(call)                                                          \
-  do {                                                                                  \
-    const cudnnStatus_t kiln_cudnn_status_ = (call);                                    \
-    if (kiln_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                     \
-      ::kiln::cuda::detail::throw_cudnn_error(kiln_cudnn_status_, #call, __FILE__, __LINE__); \
+#define KILN_CUDNN_CHECK(call)                                                              \
+  do {                                                                                      \
+    const cudnnStatus_t kiln_cudnn_status_ = (call);                                        \
+    if (kiln_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                         \
+      ::kiln::cu::detail::throw_cudnn_error(kiln_cudnn_status_, #call, __FILE__, __LINE__); \
   } while (0)
 #endif

@@ -1,6 +1,6 @@
 // kiln/backend/cuda/cublaslt.cuh — row-major GEMM with fused epilogues through cuBLASLt.
 //
-//   kiln::cuda::Lt lt;
+//   kiln::cu::Lt lt;
 //   lt.matmul({.m = batch, .n = out, .k = in, .trans_b = true,              // Y = X W^T + b
 //              .in_type = LtType::bf16, .out_type = LtType::bf16,
 //              .a = d_x, .lda = in, .b = d_w, .ldb = in, .d = d_y, .ldd = out,
@@ -87,7 +87,7 @@
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 
-namespace kiln::cuda {
+namespace kiln::cu {
 
 // Element types of the matrices cuBLASLt reads and writes. (A local enum: the CUDA backend must
 // not depend on how the host-side dtype is spelled; mapping one to the other is one switch.)
@@ -245,8 +245,9 @@ inline std::uint32_t pointer_alignment(const void* p) noexcept {
 inline std::string describe(const MatmulArgs& x) {
   return ::kiln::detail::concat(
       "matmul D[", x.m, "x", x.n, "] = op(A)[", x.m, "x", x.k, "] op(B)[", x.k, "x", x.n,
-      "] (trans_a=", x.trans_a ? "true" : "false", ", trans_b=", x.trans_b ? "true" : "false", ", ", to_string(x.in_type), "->",
-      to_string(x.out_type), x.allow_tf32 && x.in_type == LtType::f32 ? ", tf32" : "",
+      "] (trans_a=", x.trans_a ? "true" : "false", ", trans_b=", x.trans_b ? "true" : "false", ", ",
+      to_string(x.in_type), "->", to_string(x.out_type),
+      x.allow_tf32 && x.in_type == LtType::f32 ? ", tf32" : "",
       ", epilogue=", to_string(x.epilogue), ", lda=", x.lda, ", ldb=", x.ldb, ", ldc=", x.ldc,
       ", ldd=", x.ldd, ", aux_ld=", x.aux_ld, ")");
 }
@@ -289,10 +290,9 @@ void lt_set(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_
 
 inline LtLayoutPtr lt_layout(LtType type, index_t rows, index_t cols, index_t ld) {
   cublasLtMatrixLayout_t layout = nullptr;
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, lt_cuda_type(type),
-                                               static_cast<std::uint64_t>(rows),
-                                               static_cast<std::uint64_t>(cols),
-                                               static_cast<std::int64_t>(ld)));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&layout, lt_cuda_type(type), static_cast<std::uint64_t>(rows),
+                                 static_cast<std::uint64_t>(cols), static_cast<std::int64_t>(ld)));
   return LtLayoutPtr(layout);
 }
 
@@ -328,67 +328,68 @@ class Lt {
   // epilogue arguments, combinations cuBLASLt does not support).
   static void validate(const MatmulArgs& x) {
     const auto what = [&x] { return detail::describe(x); };
-    KILN_CHECK(x.m >= 1 && x.n >= 1 && x.k >= 1, ShapeError, "kiln::cuda::Lt: ", what(),
+    KILN_CHECK(x.m >= 1 && x.n >= 1 && x.k >= 1, ShapeError, "kiln::cu::Lt: ", what(),
                ": m, n and k must all be at least 1");
-    KILN_CHECK(x.a != nullptr && x.b != nullptr && x.d != nullptr, ValueError, "kiln::cuda::Lt: ",
-               what(), ": A, B and D must be device pointers, got a null pointer");
+    KILN_CHECK(x.a != nullptr && x.b != nullptr && x.d != nullptr, ValueError,
+               "kiln::cu::Lt: ", what(),
+               ": A, B and D must be device pointers, got a null pointer");
 
     const index_t a_row = x.trans_a ? x.m : x.k;
-    KILN_CHECK(x.lda >= a_row, ShapeError, "kiln::cuda::Lt: ", what(), ": A is stored row-major as ",
+    KILN_CHECK(x.lda >= a_row, ShapeError, "kiln::cu::Lt: ", what(), ": A is stored row-major as ",
                x.trans_a ? x.k : x.m, "x", a_row, ", so lda must be at least ", a_row, ", got ",
                x.lda);
     const index_t b_row = x.trans_b ? x.k : x.n;
-    KILN_CHECK(x.ldb >= b_row, ShapeError, "kiln::cuda::Lt: ", what(), ": B is stored row-major as ",
+    KILN_CHECK(x.ldb >= b_row, ShapeError, "kiln::cu::Lt: ", what(), ": B is stored row-major as ",
                x.trans_b ? x.n : x.k, "x", b_row, ", so ldb must be at least ", b_row, ", got ",
                x.ldb);
-    KILN_CHECK(x.ldd >= x.n, ShapeError, "kiln::cuda::Lt: ", what(), ": D is ", x.m, "x", x.n,
+    KILN_CHECK(x.ldd >= x.n, ShapeError, "kiln::cu::Lt: ", what(), ": D is ", x.m, "x", x.n,
                ", so ldd must be at least ", x.n, ", got ", x.ldd);
     if (x.c != nullptr) {
-      KILN_CHECK(x.ldc >= x.n, ShapeError, "kiln::cuda::Lt: ", what(), ": C is ", x.m, "x", x.n,
+      KILN_CHECK(x.ldc >= x.n, ShapeError, "kiln::cu::Lt: ", what(), ": C is ", x.m, "x", x.n,
                  ", so ldc must be at least ", x.n, ", got ", x.ldc);
-      KILN_CHECK(x.c != x.d || x.ldc == x.ldd, ShapeError, "kiln::cuda::Lt: ", what(),
+      KILN_CHECK(x.c != x.d || x.ldc == x.ldd, ShapeError, "kiln::cu::Lt: ", what(),
                  ": C and D are the same matrix, so ldc must equal ldd");
     }
-    KILN_CHECK(x.beta == 0.0f || x.c != nullptr, ValueError, "kiln::cuda::Lt: ", what(),
+    KILN_CHECK(x.beta == 0.0f || x.c != nullptr, ValueError, "kiln::cu::Lt: ", what(),
                ": beta = ", x.beta, " reads C, but C is null (pass c = d to accumulate into D)");
 
     KILN_CHECK(x.out_type == LtType::f32 || x.out_type == x.in_type, ValueError,
-               "kiln::cuda::Lt: ", what(), ": the output type must be f32 or the input type (",
+               "kiln::cu::Lt: ", what(), ": the output type must be f32 or the input type (",
                to_string(x.in_type), "), got ", to_string(x.out_type));
 
     const Epilogue e = x.epilogue;
     const bool wants_bias = epilogue_reads_bias(e) || epilogue_writes_bias_grad(e);
-    KILN_CHECK(!wants_bias || x.bias != nullptr, ValueError, "kiln::cuda::Lt: ", what(),
+    KILN_CHECK(!wants_bias || x.bias != nullptr, ValueError, "kiln::cu::Lt: ", what(),
                ": this epilogue needs a bias vector of ", epilogue_bias_length(e, x.m, x.n), " ",
                to_string(x.out_type), " elements, but bias is null");
-    KILN_CHECK(wants_bias || x.bias == nullptr, ValueError, "kiln::cuda::Lt: ", what(),
+    KILN_CHECK(wants_bias || x.bias == nullptr, ValueError, "kiln::cu::Lt: ", what(),
                ": a bias pointer was given, but this epilogue neither reads a bias nor writes a "
                "bias gradient");
     const bool wants_aux = epilogue_uses_aux(e);
-    KILN_CHECK(!wants_aux || x.aux != nullptr, ValueError, "kiln::cuda::Lt: ", what(),
+    KILN_CHECK(!wants_aux || x.aux != nullptr, ValueError, "kiln::cu::Lt: ", what(),
                ": this epilogue needs an aux matrix, but aux is null");
-    KILN_CHECK(wants_aux || x.aux == nullptr, ValueError, "kiln::cuda::Lt: ", what(),
+    KILN_CHECK(wants_aux || x.aux == nullptr, ValueError, "kiln::cu::Lt: ", what(),
                ": an aux pointer was given, but this epilogue has no aux matrix");
     if (epilogue_uses_relu_mask(e)) {
-      KILN_CHECK(x.aux_ld >= x.n && x.aux_ld % 128 == 0, ShapeError, "kiln::cuda::Lt: ", what(),
+      KILN_CHECK(x.aux_ld >= x.n && x.aux_ld % 128 == 0, ShapeError, "kiln::cu::Lt: ", what(),
                  ": the ReLU bit-mask's aux_ld counts bits and must be a multiple of 128 and at "
                  "least n = ",
                  x.n, " (use relu_mask_ld(n) = ", relu_mask_ld(x.n), "), got ", x.aux_ld);
     }
     if (epilogue_uses_gelu_aux(e)) {
-      KILN_CHECK(x.aux_ld >= x.n && x.aux_ld % 8 == 0, ShapeError, "kiln::cuda::Lt: ", what(),
+      KILN_CHECK(x.aux_ld >= x.n && x.aux_ld % 8 == 0, ShapeError, "kiln::cu::Lt: ", what(),
                  ": the GELU aux matrix's aux_ld must be a multiple of 8 and at least n = ", x.n,
                  " (use gelu_aux_ld(n) = ", gelu_aux_ld(x.n), "), got ", x.aux_ld);
     }
     if (e == Epilogue::drelu || e == Epilogue::drelu_bgrad || e == Epilogue::dgelu ||
         e == Epilogue::dgelu_bgrad) {
-      KILN_CHECK(x.k >= 2, ShapeError, "kiln::cuda::Lt: ", what(), ": cuBLASLt's ",
-                 to_string(e), " epilogue does not support k = 1");
+      KILN_CHECK(x.k >= 2, ShapeError, "kiln::cu::Lt: ", what(), ": cuBLASLt's ", to_string(e),
+                 " epilogue does not support k = 1");
     }
-    KILN_CHECK(e != Epilogue::bgrada || x.trans_a, ValueError, "kiln::cuda::Lt: ", what(),
+    KILN_CHECK(e != Epilogue::bgrada || x.trans_a, ValueError, "kiln::cu::Lt: ", what(),
                ": bgrada needs trans_a = true (cuBLASLt reduces that operand only when it is "
                "transposed); store A as [k, m] or compute the bias gradient separately");
-    KILN_CHECK(e != Epilogue::bgradb || !x.trans_b, ValueError, "kiln::cuda::Lt: ", what(),
+    KILN_CHECK(e != Epilogue::bgradb || !x.trans_b, ValueError, "kiln::cu::Lt: ", what(),
                ": bgradb needs trans_b = false (cuBLASLt reduces that operand only when it is "
                "not transposed); store B as [k, n] or compute the bias gradient separately");
   }
@@ -474,7 +475,8 @@ class Lt {
     if (x.bias != nullptr) detail::lt_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, x.bias);
     if (x.aux != nullptr) {
       detail::lt_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x.aux);
-      detail::lt_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<std::int64_t>(x.aux_ld));
+      detail::lt_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                     static_cast<std::int64_t>(x.aux_ld));
     }
 
     const index_t ldc = x.c != nullptr ? x.ldc : x.ldd;
@@ -502,12 +504,13 @@ class Lt {
 
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        handle_, desc, plan->a.get(), plan->b.get(), plan->c.get(), plan->d.get(), pref_raw, 1,
-        &result, &found);
-    KILN_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, CudaError, "kiln::cuda::Lt: ",
-               detail::describe(x), ": cuBLASLt has no algorithm for this combination (",
-               cublas_status_name(status), ", ", found,
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(handle_, desc, plan->a.get(), plan->b.get(), plan->c.get(),
+                                       plan->d.get(), pref_raw, 1, &result, &found);
+    KILN_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, CudaError,
+               "kiln::cu::Lt: ", detail::describe(x),
+               ": cuBLASLt has no algorithm for this combination (", cublas_status_name(status),
+               ", ", found,
                " candidates); try other transposes, aligned leading dimensions or no epilogue");
     plan->algo = result.algo;
     plan->workspace_bytes = result.workspaceSize;
@@ -519,8 +522,8 @@ class Lt {
     // One workspace per stream: GEMMs queued on different streams may run at the same time.
     for (auto& [s, buffer] : workspaces_)
       if (s == stream) return buffer.data();
-    workspaces_.emplace_back(stream, DeviceBuffer<std::byte>(static_cast<index_t>(workspace_bytes_),
-                                                             *allocator_));
+    workspaces_.emplace_back(
+        stream, DeviceBuffer<std::byte>(static_cast<index_t>(workspace_bytes_), *allocator_));
     return workspaces_.back().second.data();
   }
 
@@ -532,4 +535,4 @@ class Lt {
   std::vector<std::pair<cudaStream_t, DeviceBuffer<std::byte>>> workspaces_;
 };
 
-}  // namespace kiln::cuda
+}  // namespace kiln::cu

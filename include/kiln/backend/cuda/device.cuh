@@ -12,7 +12,7 @@
 
 #include <string>
 
-namespace kiln::cuda {
+namespace kiln::cu {
 
 namespace detail {
 
@@ -82,4 +82,4 @@ inline std::string device_name() noexcept {
   }
 }
 
-}  // namespace kiln::cuda
+}  // namespace kiln::cu

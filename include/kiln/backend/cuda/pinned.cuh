@@ -19,7 +19,7 @@
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 
-namespace kiln::cuda {
+namespace kiln::cu {
 
 // `size()` elements of T in page-locked host memory (cudaMallocHost / cudaFreeHost); move-only.
 // The memory is uninitialised; T must be trivially copyable (it is moved with cudaMemcpy).
@@ -34,7 +34,7 @@ class PinnedBuffer {
   // requires: count >= 0. Throws kiln::ValueError for a negative count, OutOfMemoryError when
   // the host cannot pin that much, CudaError for any other runtime failure (e.g. no device).
   explicit PinnedBuffer(index_t count) {
-    KILN_CHECK(count >= 0, ValueError, "kiln::cuda::PinnedBuffer: element count ", count,
+    KILN_CHECK(count >= 0, ValueError, "kiln::cu::PinnedBuffer: element count ", count,
                " is negative");
     if (count == 0) return;
     const auto n = static_cast<std::size_t>(count);
@@ -46,8 +46,9 @@ class PinnedBuffer {
     const cudaError_t status = cudaMallocHost(&ptr, n * sizeof(T));
     if (status == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // handled here; must not resurface in a later check
-      throw OutOfMemoryError(::kiln::detail::concat("kiln: pinned host memory exhausted: requested ",
-                                                    n * sizeof(T), " bytes (cudaMallocHost)"));
+      throw OutOfMemoryError(
+          ::kiln::detail::concat("kiln: pinned host memory exhausted: requested ", n * sizeof(T),
+                                 " bytes (cudaMallocHost)"));
     }
     if (status != cudaSuccess)
       detail::throw_cuda_error(status, "cudaMallocHost", __FILE__, __LINE__);
@@ -100,4 +101,4 @@ class PinnedBuffer {
   index_t size_ = 0;
 };
 
-}  // namespace kiln::cuda
+}  // namespace kiln::cu

@@ -55,25 +55,12 @@ struct gemm_blocking<double> {
 };
 #endif
 
-// Writes an mr x nr corner of a full register tile held in `tile` (row stride NR, already
-// multiplied by alpha) into C. beta == 0 never reads C, so NaN garbage there is overwritten.
-template <int NR, class Acc>
-inline void store_partial_tile(const Acc* KILN_RESTRICT tile, Acc* KILN_RESTRICT c, index_t ldc,
-                               Acc beta, int mr, int nr) {
-  for (int r = 0; r < mr; ++r) {
-    Acc* KILN_RESTRICT cr = c + r * ldc;
-    if (beta == Acc(0)) {
-      for (int j = 0; j < nr; ++j) cr[j] = tile[r * NR + j];
-    } else {
-      for (int j = 0; j < nr; ++j) cr[j] = tile[r * NR + j] + beta * cr[j];
-    }
-  }
-}
-
 #if KILN_GEMM_AVX2
 
-// The few AVX operations the kernel needs, per element type, so one kernel template serves
-// float and double.
+// The few AVX operations the kernel and the packing need, per element type, so one template
+// serves float and double. Masked loads neither read nor fault on masked-out lanes, and masked
+// stores leave those lanes of memory alone: that is how partial tiles and panels stay inside
+// the matrices.
 template <class Acc>
 struct avx_ops;
 
@@ -87,9 +74,26 @@ struct avx_ops<float> {
   static vec load(const float* p) { return _mm256_load_ps(p); }
   static vec loadu(const float* p) { return _mm256_loadu_ps(p); }
   static void storeu(float* p, vec v) { _mm256_storeu_ps(p, v); }
-  static void store(float* p, vec v) { _mm256_store_ps(p, v); }
   static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  // Lanes [0, n) selected; n outside [0, lanes] is clamped.
+  static __m256i mask(index_t n) {
+    const int c = static_cast<int>(n < 0 ? 0 : n > lanes ? lanes : n);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static vec maskload(const float* p, __m256i m) { return _mm256_maskload_ps(p, m); }
+  static void maskstore(float* p, __m256i m, vec v) { _mm256_maskstore_ps(p, m, v); }
+  // Stores lanes [0, N) of v; N is 8 or 6 (the panel heights).
+  template <int N>
+  static void store_first(float* d, vec v) {
+    static_assert(N == 8 || N == 6, "float panels have 8n or 6 rows");
+    if constexpr (N == 8) {
+      _mm256_storeu_ps(d, v);
+    } else {
+      _mm_storeu_ps(d, _mm256_castps256_ps128(v));
+      _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(v, 1));
+    }
+  }
 };
 
 template <>
@@ -102,10 +106,42 @@ struct avx_ops<double> {
   static vec load(const double* p) { return _mm256_load_pd(p); }
   static vec loadu(const double* p) { return _mm256_loadu_pd(p); }
   static void storeu(double* p, vec v) { _mm256_storeu_pd(p, v); }
-  static void store(double* p, vec v) { _mm256_store_pd(p, v); }
   static vec mul(vec a, vec b) { return _mm256_mul_pd(a, b); }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_pd(a, b, c); }
+  static __m256i mask(index_t n) {
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(n < 0 ? 0 : n > lanes ? lanes : n),
+                              _mm256_setr_epi64x(0, 1, 2, 3));
+  }
+  static vec maskload(const double* p, __m256i m) { return _mm256_maskload_pd(p, m); }
+  static void maskstore(double* p, __m256i m, vec v) { _mm256_maskstore_pd(p, m, v); }
+  template <int N>
+  static void store_first(double* d, vec v) {
+    static_assert(N == 4 || N == 2, "double panels have 4n or 6 rows");
+    if constexpr (N == 4) {
+      _mm256_storeu_pd(d, v);
+    } else {
+      _mm_storeu_pd(d, _mm256_castpd256_pd128(v));
+    }
+  }
 };
+
+// C row = x + beta * C row over NV vectors; Masked limits it to the lanes in `mask` (the last
+// columns of C). beta == 0 does not read C.
+template <bool Masked, class Acc, int NV>
+inline void update_c_row(Acc* cr, const typename avx_ops<Acc>::vec (&x)[NV], Acc beta,
+                         const __m256i (&mask)[NV]) {
+  using ops = avx_ops<Acc>;
+  for (int v = 0; v < NV; ++v) {
+    Acc* p = cr + v * ops::lanes;
+    typename ops::vec y = x[v];
+    if (beta != Acc(0)) y = ops::fma(ops::set1(beta), Masked ? ops::maskload(p, mask[v]) : ops::loadu(p), y);
+    if constexpr (Masked) {
+      ops::maskstore(p, mask[v], y);
+    } else {
+      ops::storeu(p, y);
+    }
+  }
+}
 
 // C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C   (beta == 0: C is not read).
 // requires: ap holds kc x MR and bp kc x NR packed values, bp 32-byte aligned; mr <= MR, nr <= NR.
@@ -117,7 +153,7 @@ inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN
   constexpr int MR = gemm_blocking<Acc>::mr;
   constexpr int NR = gemm_blocking<Acc>::nr;
   constexpr int NV = NR / ops::lanes;
-  static_assert(NV == 2, "the AVX2 microkernel is written for two vectors per row");
+  static_assert(MR == 6 && NV == 2, "the AVX2 microkernel is written for 6 rows of two vectors");
 
   // Named accumulators instead of an array: GCC then keeps all twelve in registers for sure.
   vec c00 = ops::zero(), c01 = ops::zero(), c10 = ops::zero(), c11 = ops::zero();
@@ -156,27 +192,35 @@ inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN
   const vec acc[MR][NV] = {{ops::mul(va, c00), ops::mul(va, c01)}, {ops::mul(va, c10), ops::mul(va, c11)},
                            {ops::mul(va, c20), ops::mul(va, c21)}, {ops::mul(va, c30), ops::mul(va, c31)},
                            {ops::mul(va, c40), ops::mul(va, c41)}, {ops::mul(va, c50), ops::mul(va, c51)}};
-  if (mr == MR && nr == NR) {
-    if (beta == Acc(0)) {
-      for (int r = 0; r < MR; ++r)
-        for (int v = 0; v < NV; ++v) ops::storeu(c + r * ldc + v * ops::lanes, acc[r][v]);
+  if (nr == NR) {
+    const __m256i none[NV] = {};
+    if (mr == MR) {
+      for (int r = 0; r < MR; ++r) update_c_row<false>(c + r * ldc, acc[r], beta, none);
     } else {
-      const vec vb = ops::set1(beta);
-      for (int r = 0; r < MR; ++r)
-        for (int v = 0; v < NV; ++v) {
-          Acc* cp = c + r * ldc + v * ops::lanes;
-          ops::storeu(cp, ops::fma(vb, ops::loadu(cp), acc[r][v]));
-        }
+      for (int r = 0; r < mr; ++r) update_c_row<false>(c + r * ldc, acc[r], beta, none);
     }
-    return;
+  } else {
+    const __m256i cols[NV] = {ops::mask(nr), ops::mask(nr - ops::lanes)};
+    for (int r = 0; r < mr; ++r) update_c_row<true>(c + r * ldc, acc[r], beta, cols);
   }
-  alignas(32) Acc tile[MR * NR];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) ops::store(tile + r * NR + v * ops::lanes, acc[r][v]);
-  store_partial_tile<NR>(tile, c, ldc, beta, mr, nr);
 }
 
 #else  // portable kernel: plain loops over a fixed tile that the compiler vectorises.
+
+// Writes the mr x nr corner of `tile` (row stride NR, already times alpha) into C; beta == 0
+// does not read C.
+template <int NR, class Acc>
+inline void store_partial_tile(const Acc* KILN_RESTRICT tile, Acc* KILN_RESTRICT c, index_t ldc,
+                               Acc beta, int mr, int nr) {
+  for (int r = 0; r < mr; ++r) {
+    Acc* KILN_RESTRICT cr = c + r * ldc;
+    if (beta == Acc(0)) {
+      for (int j = 0; j < nr; ++j) cr[j] = tile[r * NR + j];
+    } else {
+      for (int j = 0; j < nr; ++j) cr[j] = tile[r * NR + j] + beta * cr[j];
+    }
+  }
+}
 
 template <class Acc>
 inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,

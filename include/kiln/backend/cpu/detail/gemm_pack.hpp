@@ -51,60 +51,12 @@ inline void transpose4x4(__m256d r[4]) {
   r[3] = _mm256_permute2f128_pd(t1, t3, 0x31);
 }
 
-// Lane masks, masked loads and short stores: the rows-contiguous copy below reads exactly the
-// `live` values of a row (maskload neither reads nor faults on masked-out lanes), so the last
-// panel never touches memory past the matrix, and writes the zeros of the padding rows with them.
-template <class Acc>
-struct pack_ops;
-
-template <>
-struct pack_ops<float> {
-  using vec = __m256;
-  static constexpr int lanes = 8;
-  static __m256i mask(index_t n) {
-    const int c = static_cast<int>(std::clamp<index_t>(n, 0, lanes));
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  }
-  static vec loadu(const float* p) { return _mm256_loadu_ps(p); }
-  static vec maskload(const float* p, __m256i m) { return _mm256_maskload_ps(p, m); }
-  template <int N>
-  static void store_first(float* d, vec v) {
-    static_assert(N == 8 || N == 6, "float panels have 8n or 6 rows");
-    if constexpr (N == 8) {
-      _mm256_storeu_ps(d, v);
-    } else {
-      _mm_storeu_ps(d, _mm256_castps256_ps128(v));
-      _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(v, 1));
-    }
-  }
-};
-
-template <>
-struct pack_ops<double> {
-  using vec = __m256d;
-  static constexpr int lanes = 4;
-  static __m256i mask(index_t n) {
-    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(std::clamp<index_t>(n, 0, lanes)),
-                              _mm256_setr_epi64x(0, 1, 2, 3));
-  }
-  static vec loadu(const double* p) { return _mm256_loadu_pd(p); }
-  static vec maskload(const double* p, __m256i m) { return _mm256_maskload_pd(p, m); }
-  template <int N>
-  static void store_first(double* d, vec v) {
-    static_assert(N == 4 || N == 2, "double panels have 4n or 6 rows");
-    if constexpr (N == 4) {
-      _mm256_storeu_pd(d, v);
-    } else {
-      _mm_storeu_pd(d, _mm256_castpd256_pd128(v));
-    }
-  }
-};
-
 // One panel whose R rows are contiguous (rs == 1): dst[p][r] = src[p * cs + r] for r < live,
-// zero above. Full says live == R, so whole vectors load without masks.
+// zero above. Masked loads read exactly the live values (never past the matrix) and bring the
+// zeros of the padding rows with them; Full (live == R) loads whole vectors without masks.
 template <int R, bool Full, class Acc>
 inline void pack_panel_contiguous(index_t kc, const Acc* src, index_t cs, index_t live, Acc* dst) {
-  using ops = pack_ops<Acc>;
+  using ops = avx_ops<Acc>;
   constexpr int W = ops::lanes;
   [&]<int... V>(std::integer_sequence<int, V...>) {
     const __m256i masks[] = {ops::mask(Full ? R - V * W : live - V * W)...};

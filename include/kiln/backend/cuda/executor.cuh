@@ -1,0 +1,206 @@
+// kiln/backend/cuda/executor.cuh — the CUDA executor: every elementwise assignment is ONE
+// grid-stride kernel templated on its evaluator; GEMMs go to cuBLASLt; reductions are block
+// reductions (CUB's BlockReduce) inside our own kernels, deterministic run to run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cub/block/block_reduce.cuh>
+#include <string>
+
+#include "kiln/backend/cuda/check.cuh"
+#include "kiln/backend/cuda/cublaslt.cuh"
+#include "kiln/backend/cuda/memory.cuh"
+#include "kiln/core/dtype.hpp"
+#include "kiln/core/stats.hpp"
+#include "kiln/core/temp_pool.hpp"
+#include "kiln/core/view.hpp"
+
+namespace kiln::cu::kernels {
+
+template <class T, class Ev>
+KILN_GLOBAL void elementwise_flat(T* out, Ev ev, index_t n) {
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
+    out[i] = convert<T>(ev.flat(i));
+}
+
+template <class T, class Ev>
+KILN_GLOBAL void elementwise_2d(T* out, index_t drs, index_t dcs, Ev ev, index_t rows, index_t cols) {
+  const index_t n = rows * cols;
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+    const index_t r = i / cols, c = i - r * cols;
+    out[r * drs + c * dcs] = convert<T>(ev.at(r, c));
+  }
+}
+
+template <class K>
+KILN_GLOBAL void for_each_element(K k, index_t rows, index_t cols) {
+  const index_t n = rows * cols;
+  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+    const index_t r = i / cols;
+    k(r, i - r * cols);
+  }
+}
+
+template <class Op, class T>
+struct Merge {
+  template <class A>
+  KILN_HOST_DEVICE A operator()(const A& a, const A& b) const {
+    return Op::merge(a, b);
+  }
+};
+
+inline constexpr int reduce_threads = 256;
+
+// One block per row (per_row) or per slice of the flat range; writes finished results
+// (per_row) or partial accumulators.
+template <class Op, class R, class Acc, class Ev>
+KILN_GLOBAL void reduce_rows(R* out, Acc* partial, Ev ev, index_t rows, index_t cols, bool per_row, index_t slice) {
+  using T = typename Ev::value_type;
+  using BlockReduce = cub::BlockReduce<Acc, reduce_threads>;
+  __shared__ typename BlockReduce::TempStorage storage;
+  Acc acc = Op::template init<T>();
+  if (per_row) {
+    const index_t r = blockIdx.x;
+    for (index_t c = threadIdx.x; c < cols; c += reduce_threads) acc = Op::combine(acc, T(ev.at(r, c)), c);
+  } else {
+    const index_t n = rows * cols, b = index_t(blockIdx.x) * slice, e = b + slice < n ? b + slice : n;
+    for (index_t i = b + threadIdx.x; i < e; i += reduce_threads) {
+      const index_t r = i / cols;
+      acc = Op::combine(acc, T(ev.at(r, i - r * cols)), i);
+    }
+  }
+  const Acc total = BlockReduce(storage).Reduce(acc, Merge<Op, T>{});
+  if (threadIdx.x == 0) {
+    if (per_row) out[blockIdx.x] = R(Op::finish(total, cols));
+    else partial[blockIdx.x] = total;
+  }
+}
+
+template <class Op, class R, class Acc>
+KILN_GLOBAL void reduce_partials(R* out, const Acc* partial, index_t count, index_t n) {
+  using BlockReduce = cub::BlockReduce<Acc, reduce_threads>;
+  __shared__ typename BlockReduce::TempStorage storage;
+  using T = decltype(Op::finish(partial[0], n));
+  // Thread t merges partials t, t + 256, ... in order; only threads that hold one take part.
+  Acc acc = partial[threadIdx.x < count ? threadIdx.x : 0];
+  for (index_t i = threadIdx.x + reduce_threads; i < count; i += reduce_threads) acc = Op::merge(acc, partial[i]);
+  const Acc total = BlockReduce(storage).Reduce(acc, Merge<Op, T>{}, int(count < reduce_threads ? count : reduce_threads));
+  if (threadIdx.x == 0) out[0] = R(Op::finish(total, n));
+}
+
+}  // namespace kiln::cu::kernels
+
+namespace kiln {
+
+class CudaExecutor {
+ public:
+  using space = cuda;
+  static constexpr const char* name = "cuda";
+
+  explicit CudaExecutor(cudaStream_t stream = nullptr) : stream_(stream) {}
+
+  cudaStream_t stream() const { return stream_; }
+  LaunchStats& stats() { return stats_; }
+  const LaunchStats& stats() const { return stats_; }
+  TempPool<cuda>& temps() { return temps_; }
+  cu::Lt& lt() { return lt_; }
+  void synchronize() { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  template <class T, class Ext, class Ev>
+  void elementwise(const View<T, cuda, Ext>& dst, const Ev& ev, const std::string& name) {
+    const Shape& s = dst.shape();
+    const index_t n = s.size();
+    stats_.count(kind::elementwise, name, n, std::size_t(n) * sizeof(T));
+    if (n == 0) return;
+    if (ev.flat_ok() && dst.is_contiguous()) {
+      cu::kernels::elementwise_flat<<<blocks(n), threads, 0, stream_>>>(dst.data(), ev, n);
+    } else {
+      const index_t drs = s.rank >= 2 ? dst.stride(s.rank - 2) : 0, dcs = s.rank >= 1 ? dst.stride(s.rank - 1) : 0;
+      cu::kernels::elementwise_2d<<<blocks(n), threads, 0, stream_>>>(dst.data(), drs, dcs, ev, s.rows(), s.cols());
+    }
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+
+  template <class Kernel>
+  void for_each_element(index_t rows, index_t cols, const Kernel& kernel, const char* k, const std::string& name,
+                        std::size_t bytes) {
+    stats_.count(k, name, rows * cols, bytes);
+    if (rows * cols == 0) return;
+    cu::kernels::for_each_element<<<blocks(rows * cols), threads, 0, stream_>>>(kernel, rows, cols);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+
+  template <class Op, class R, class Ev>
+  void reduce(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row) {
+    using T = typename Ev::value_type;
+    using Acc = typename Op::template acc_t<T>;
+    const index_t n = rows * cols;
+    stats_.count(kind::reduce, Op::name, n, std::size_t(n) * sizeof(T));
+    if (per_row) {
+      if (rows == 0) return;
+      cu::kernels::reduce_rows<Op, R, Acc><<<unsigned(rows), cu::kernels::reduce_threads, 0, stream_>>>(
+          out, static_cast<Acc*>(nullptr), ev, rows, cols, true, 0);
+    } else {
+      // Fixed slices (not a function of the device) keep results reproducible across runs.
+      const index_t slice = index_t(1) << 16;
+      const index_t count = std::max<index_t>(1, (n + slice - 1) / slice);
+      auto buf = temps_.take(std::size_t(count) * sizeof(Acc));
+      Acc* partial = static_cast<Acc*>(buf.get());
+      cu::kernels::reduce_rows<Op, R, Acc><<<unsigned(count), cu::kernels::reduce_threads, 0, stream_>>>(
+          out, partial, ev, rows, std::max<index_t>(cols, 1), false, slice);
+      cu::kernels::reduce_partials<Op, R, Acc><<<1, cu::kernels::reduce_threads, 0, stream_>>>(out, partial, count, n);
+    }
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+
+  template <class T, class C>
+  void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
+            index_t ldb, float beta, C* c, index_t ldc) {
+    stats_.count(kind::gemm, "gemm", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, f16> || std::is_same_v<T, bf16>,
+                  "kiln: CUDA GEMM takes float, f16 or bf16 inputs");
+    static_assert(std::is_same_v<C, float> || std::is_same_v<C, T>, "kiln: CUDA GEMM writes float or the input type");
+    cu::MatmulArgs x;
+    x.m = m;
+    x.n = n;
+    x.k = k;
+    x.trans_a = ta;
+    x.trans_b = tb;
+    x.in_type = lt_type<T>();
+    x.out_type = lt_type<C>();
+    x.alpha = alpha;
+    x.beta = beta;
+    x.a = a;
+    x.lda = lda;
+    x.b = b;
+    x.ldb = ldb;
+    x.c = c;
+    x.ldc = ldc;
+    x.d = c;
+    x.ldd = ldc;
+    lt_.matmul(x, stream_);
+  }
+
+  static constexpr int threads = 256;
+
+ private:
+  template <class T>
+  static cu::LtType lt_type() {
+    if constexpr (std::is_same_v<T, f16>) return cu::LtType::f16;
+    else if constexpr (std::is_same_v<T, bf16>) return cu::LtType::bf16;
+    else return cu::LtType::f32;
+  }
+  static unsigned blocks(index_t n) {
+    // Enough blocks to fill an H200 (132 SMs × 8 resident blocks); the grid-stride loop does the rest.
+    return unsigned(std::min<index_t>((n + threads - 1) / threads, index_t(132) * 8));
+  }
+
+  cudaStream_t stream_;
+  LaunchStats stats_;
+  TempPool<cuda> temps_;
+  cu::Lt lt_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,83 @@
+// kiln/nn/linear.hpp — y = x·Wᵀ + b with PyTorch's layout ([Out, In] weight) and default init.
+//
+// Forward is one GEMM and ONE elementwise kernel for the bias; forward_fused<Act> folds an
+// activation into that kernel, act(x·Wᵀ + b), whose backward is ONE derived kernel (plus the
+// bias's column reduction) — Sequential does this for every Linear followed by an activation.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/autograd/map.hpp"
+#include "kiln/autograd/matmul.hpp"
+#include "kiln/core/random.hpp"
+#include "kiln/nn/init.hpp"
+#include "kiln/nn/module.hpp"
+
+namespace kiln::nn {
+
+template <index_t In, index_t Out, bool Bias = true, class T = float>
+class Linear {
+  static_assert(In > 0 && Out > 0, "kiln::nn::Linear<In, Out>: both sizes must be positive");
+
+ public:
+  static constexpr index_t in_features = In;
+  static constexpr index_t out_features = Out;
+  static constexpr bool has_bias = Bias;
+  static constexpr bool fuses_activation = true;
+  using value_type = T;
+
+  // Weight, then bias, from U(-1/sqrt(In), 1/sqrt(In)) (PyTorch's reset_parameters).
+  explicit Linear(Generator& gen) {
+    weight_.set_requires_grad(true);
+    init::kaiming_uniform(weight_, gen, In);
+    if constexpr (Bias) {
+      bias_.set_requires_grad(true);
+      init::uniform(bias_, gen, -1.0 / std::sqrt(double(In)), 1.0 / std::sqrt(double(In)));
+    }
+  }
+  explicit Linear(std::uint64_t seed = 0) : Linear(lvalue(Generator(seed))) {}
+
+  // x [B, In] -> [B, Out].
+  template <class Exec, index_t B, index_t I>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, host, B, I>& x) const {
+    const auto z = product(tape, x);
+    if constexpr (Bias) return ag::map(tape, z + bias_);
+    else return z;
+  }
+
+  // act(x·Wᵀ + b) with the activation in the bias kernel; Act is an activation layer type.
+  template <class Act, class Exec, index_t B, index_t I>
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, host, B, I>& x) const {
+    const auto z = product(tape, x);
+    if constexpr (Bias) return ag::map(tape, Act::apply(z + bias_));
+    else return ag::map(tape, Act::apply(z));
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) const {
+    f(weight_);
+    if constexpr (Bias) f(bias_);
+  }
+
+  const ag::Var<T, host, Out, In>& weight() const { return weight_; }
+  const ag::Var<T, host, Out>& bias() const
+    requires Bias
+  {
+    return bias_;
+  }
+
+ private:
+  static Generator& lvalue(Generator&& g) { return g; }
+
+  template <class Exec, index_t B, index_t I>
+  auto product(ag::Tape<Exec>& tape, const ag::Var<T, host, B, I>& x) const {
+    KILN_CHECK(x.dim(1) == In, ShapeError, "Linear<", In, ", ", Out, ">: the input has shape ", x.shape().str(),
+               "; its last size must be ", In);
+    return ag::matmul(tape, x, weight_, false, true);
+  }
+
+  ag::Var<T, host, Out, In> weight_;
+  [[no_unique_address]] std::conditional_t<Bias, ag::Var<T, host, Out>, std::nullptr_t> bias_{};
+};
+
+}  // namespace kiln::nn

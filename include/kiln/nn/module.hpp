@@ -1,0 +1,107 @@
+// kiln/nn/module.hpp — what every nn op and layer shares: parameter handles for optimizers, the
+// loss reduction enum, layer traits (feature sizes, activations) and the row / column kernels
+// that row-wise ops (softmax, losses, norms) launch.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "kiln/autograd/tape.hpp"
+#include "kiln/autograd/var.hpp"
+#include "kiln/core/stats.hpp"
+
+namespace kiln::nn {
+
+// How a loss reduces its per-sample values: their mean (PyTorch's default) or their sum.
+enum class loss_reduction { mean, sum };
+
+// One parameter as an optimizer or gradcheck sees it: `size` values, their gradient, and the
+// variable's node (requires_grad / grad_valid). The gradient buffer exists (see parameter_of).
+template <class T>
+struct Parameter {
+  T* value = nullptr;
+  T* grad = nullptr;
+  index_t size = 0;
+  ag::VarNode* node = nullptr;
+};
+
+// The Parameter of a variable. Allocates its gradient buffer (zero-filled, so an optimizer that
+// steps before any backward reads zeros) without marking it valid (set-to-none semantics).
+// ensures: the pointers stay valid while the variable keeps its shape.
+template <class T, class S, index_t... D>
+Parameter<T> parameter_of(const ag::Var<T, S, D...>& v) {
+  auto& d = *v.data();
+  const bool fresh = !(d.grad.shape() == d.value.shape()) || d.grad.data() == nullptr;
+  T* g = d.ensure_grad();
+  if constexpr (std::is_same_v<S, host>)
+    if (fresh && !d.grad_valid) std::fill(g, g + d.value.size(), T(0));
+  return {d.value.data(), g, d.value.size(), &d};
+}
+
+// ---- layer traits ----------------------------------------------------------------------------
+// A layer's first size (what its input's last dimension must be) and its output size; `dyn`
+// for layers that keep whatever size they get (activations, dropout).
+template <class L>
+constexpr index_t in_features_of() {
+  if constexpr (requires { L::in_features; }) return L::in_features;
+  else return dyn;
+}
+template <class L>
+constexpr index_t out_features_of() {
+  if constexpr (requires { L::out_features; }) return L::out_features;
+  else return dyn;
+}
+// Activations (elementwise layers a preceding Linear can fuse into its bias kernel) say
+// `static constexpr bool is_activation = true` and give `static auto apply(expr)`.
+template <class L>
+constexpr bool is_activation_of() {
+  if constexpr (requires { L::is_activation; }) return bool(L::is_activation);
+  else return false;
+}
+template <class L>
+inline constexpr bool is_activation_v = is_activation_of<L>();
+
+// Layers that can run a following activation inside their own output kernel (Linear) say
+// `static constexpr bool fuses_activation = true` and give `forward_fused<Act>(tape, x)`.
+template <class L>
+constexpr bool fuses_activation_of() {
+  if constexpr (requires { L::fuses_activation; }) return bool(L::fuses_activation);
+  else return false;
+}
+template <class L>
+inline constexpr bool fuses_activation_v = fuses_activation_of<L>();
+
+namespace detail {
+
+// body(r) for every row r < rows, as ONE counted launch of kind k.
+// requires: body(r) writes only row r's outputs (rows run in parallel).
+template <class Exec, class Body>
+void for_each_row(Exec& exec, index_t rows, index_t cols, const char* k, std::string_view name, std::size_t bytes,
+                  const Body& body) {
+  exec.stats().count(k, name, rows * cols, bytes);
+  exec.parallel_for(rows, std::max<index_t>(1, Exec::grain / std::max<index_t>(cols, 1)), [&](index_t b, index_t e) {
+    for (index_t r = b; r < e; ++r) body(r);
+  });
+}
+
+// body(c) for every column c < cols of a [rows, cols] matrix, as ONE counted launch of kind k.
+template <class Exec, class Body>
+void for_each_col(Exec& exec, index_t rows, index_t cols, const char* k, std::string_view name, std::size_t bytes,
+                  const Body& body) {
+  exec.stats().count(k, name, rows * cols, bytes);
+  exec.parallel_for(cols, std::max<index_t>(1, Exec::grain / std::max<index_t>(rows, 1)), [&](index_t b, index_t e) {
+    for (index_t c = b; c < e; ++c) body(c);
+  });
+}
+
+// Writes v to the gradient slot, or adds it when the gradient already holds a contribution.
+template <class T>
+inline void put_grad(T& slot, T v, bool add) {
+  slot = add ? T(slot + v) : v;
+}
+
+}  // namespace detail
+}  // namespace kiln::nn

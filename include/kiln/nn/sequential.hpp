@@ -1,0 +1,201 @@
+// kiln/nn/sequential.hpp — a model as a type: Sequential<Linear<784, 256>, ReLU, Linear<256, 10>>.
+//
+// Adjacent feature sizes are checked when the type is instantiated. forward() runs the layers
+// as a left fold over an index sequence (bounded template depth, whatever the layer count), and
+// a Linear followed by an activation runs as GEMM + ONE fused act(z + b) kernel.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/random.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/optim/param.hpp"
+
+namespace kiln::nn {
+
+namespace detail {
+
+// Instantiated once per layer; when the check fails the compiler names this instantiation, and
+// with it the layer type (its sizes) and the previous layer's output size.
+template <class Layer, index_t PreviousOutputs>
+struct layer_follows_outputs {
+  static_assert(PreviousOutputs == dyn || in_features_of<Layer>() == dyn ||
+                    in_features_of<Layer>() == PreviousOutputs,
+                "kiln::nn::Sequential: a layer follows a layer with a different number of outputs; its first size "
+                "must equal them (see layer_follows_outputs<Layer, PreviousOutputs>: e.g. Linear<128, 10> after a "
+                "layer with 256 outputs must be Linear<256, 10>)");
+  static constexpr bool value = true;
+};
+
+// A value flowing through the layers; `flow | step<I>` runs layer I.
+template <class X>
+struct Flow {
+  X x;
+};
+template <std::size_t I, class Seq, class Tape>
+struct Step {
+  Seq* seq;
+  Tape* tape;
+};
+template <class X, std::size_t I, class Seq, class Tape>
+auto operator|(Flow<X>&& f, Step<I, Seq, Tape> s) {
+  using Y = decltype(s.seq->template run_layer<I>(*s.tape, f.x));
+  return Flow<Y>{s.seq->template run_layer<I>(*s.tape, f.x)};
+}
+
+template <class L>
+L make_layer(Generator& gen) {
+  if constexpr (std::is_constructible_v<L, Generator&>) return L(gen);
+  else return L{};
+}
+
+}  // namespace detail
+
+template <class... Layers>
+class Sequential {
+  static constexpr std::size_t N = sizeof...(Layers);
+  static constexpr std::array<index_t, N> ins_{in_features_of<Layers>()...};
+  static constexpr std::array<index_t, N> outs_{out_features_of<Layers>()...};
+  static constexpr std::array<bool, N> acts_{is_activation_v<Layers>...};
+  static constexpr std::array<bool, N> fusable_{fuses_activation_v<Layers>...};
+  static constexpr std::array<bool, N> typed_{requires { typename Layers::value_type; }...};
+  static constexpr std::size_t first_typed_ = [] {
+    for (std::size_t i = 0; i < N; ++i)
+      if (typed_[i]) return i;
+    return N;
+  }();
+
+  // The output size of the nearest layer before i that fixes one (dyn if none).
+  static constexpr index_t previous_outputs(std::size_t i) {
+    for (std::size_t j = i; j-- > 0;)
+      if (outs_[j] != dyn) return outs_[j];
+    return dyn;
+  }
+  template <std::size_t... I>
+  static constexpr bool check_sizes(std::index_sequence<I...>) {
+    return (detail::layer_follows_outputs<Layers, previous_outputs(I)>::value && ... && true);
+  }
+  static_assert(check_sizes(std::index_sequence_for<Layers...>{}));
+
+  static constexpr bool fuses_next(std::size_t i) { return i + 1 < N && fusable_[i] && acts_[i + 1]; }
+
+ public:
+  // The element type of the first layer that has one (float for a model without parameters).
+  using value_type =
+      typename std::conditional_t<(first_typed_ < N), std::tuple_element<first_typed_ < N ? first_typed_ : 0,
+                                                                         std::tuple<Layers..., float>>,
+                                  std::type_identity<float>>::type::value_type;
+
+  // The first layer's input size and the last layer's output size that are fixed (dyn if none).
+  static constexpr index_t in_features = [] {
+    for (std::size_t i = 0; i < N; ++i)
+      if (ins_[i] != dyn) return ins_[i];
+    return dyn;
+  }();
+  static constexpr index_t out_features = previous_outputs(N);
+
+  // Layers initialised in order from one generator (parameter layers draw, others ignore it).
+  explicit Sequential(Generator& gen) : layers_{detail::make_layer<Layers>(gen)...} {}
+  explicit Sequential(std::uint64_t seed = 0) : Sequential(lvalue(Generator(seed))) {}
+  explicit Sequential(Layers... layers)
+    requires(N > 0)
+      : layers_{std::move(layers)...} {}
+
+  template <std::size_t I>
+  auto& layer() {
+    return std::get<I>(layers_);
+  }
+  template <std::size_t I>
+  const auto& layer() const {
+    return std::get<I>(layers_);
+  }
+  static constexpr std::size_t size() { return N; }
+
+  template <class Exec, class X>
+  auto forward(ag::Tape<Exec>& tape, const X& x) {
+    return forward_impl(tape, x, std::index_sequence_for<Layers...>{});
+  }
+
+  // Calls f(var) for every parameter variable, in layer order.
+  template <class F>
+  void for_each_parameter(F&& f) const {
+    std::apply([&](const auto&... l) { (visit(l, f), ...); }, layers_);
+  }
+
+  // Every parameter as (value, grad, size, node), gradient buffers allocated; for optimizers.
+  auto parameters() const {
+    std::vector<Parameter<value_type>> out;
+    for_each_parameter([&](const auto& v) { out.push_back(parameter_of(v)); });
+    return out;
+  }
+
+  // The parameters as an optimizer table (float models).
+  optim::ParamTable param_table() const
+    requires std::is_same_v<typename Sequential::value_type, float>
+  {
+    optim::ParamTable t;
+    for (const auto& p : parameters()) t.add(p.value, p.grad, p.size);
+    return t;
+  }
+
+  index_t parameter_count() const {
+    index_t n = 0;
+    for_each_parameter([&](const auto& v) { n += v.value().size(); });
+    return n;
+  }
+
+  // Set-to-none: the next backward writes every gradient instead of adding (no kernel).
+  void zero_grad() const {
+    for_each_parameter([](const auto& v) { v.data()->grad_valid = false; });
+  }
+
+  // Training mode (dropout active) or evaluation mode, for every layer that has one.
+  void train(bool on = true) {
+    std::apply([&](auto&... l) { (set_mode(l, on), ...); }, layers_);
+    training_ = on;
+  }
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+  // Runs layer I on x (used by the forward fold).
+  template <std::size_t I, class Exec, class X>
+  auto run_layer(ag::Tape<Exec>& tape, const X& x) {
+    if constexpr (I > 0 && fuses_next(I - 1)) {
+      return x;  // this activation already ran inside the previous Linear's bias kernel
+    } else if constexpr (fuses_next(I)) {
+      using Act = std::tuple_element_t<I + 1, std::tuple<Layers...>>;
+      return std::get<I>(layers_).template forward_fused<Act>(tape, x);
+    } else {
+      return std::get<I>(layers_).forward(tape, x);
+    }
+  }
+
+ private:
+  static Generator& lvalue(Generator&& g) { return g; }
+
+  template <class Exec, class X, std::size_t... I>
+  auto forward_impl(ag::Tape<Exec>& tape, const X& x, std::index_sequence<I...>) {
+    using Tape = ag::Tape<Exec>;
+    return (detail::Flow<X>{x} | ... | detail::Step<I, Sequential, Tape>{this, &tape}).x;
+  }
+
+  template <class L, class F>
+  static void visit(const L& l, F& f) {
+    if constexpr (requires { l.for_each_parameter(f); }) l.for_each_parameter(f);
+  }
+  template <class L>
+  static void set_mode(L& l, bool on) {
+    if constexpr (requires { l.train(on); }) l.train(on);
+  }
+
+  std::tuple<Layers...> layers_;
+  bool training_ = true;
+};
+
+}  // namespace kiln::nn
