@@ -231,7 +231,7 @@ TEST_CASE_TEMPLATE("unary ops match an fp64 reference", T, float, double) {
   std::mt19937 rng(seed);
   kiln::CpuExecutor exec;
   for (const auto& op : unary_cases<T>()) {
-    INFO("op = " << op.name);
+    INFO("op = " << std::string(op.name));
     std::vector<index_t> sizes = small_sizes;
     if (op.big) sizes.push_back(big_size);
     for (index_t n : sizes) {
@@ -250,7 +250,7 @@ TEST_CASE_TEMPLATE("binary and ternary ops match an fp64 reference", T, float, d
   std::mt19937 rng(seed);
   kiln::CpuExecutor exec;
   for (const auto& op : binary_cases<T>()) {
-    INFO("op = " << op.name);
+    INFO("op = " << std::string(op.name));
     std::vector<index_t> sizes = small_sizes;
     if (op.big) sizes.push_back(big_size);
     for (index_t n : sizes) {
@@ -274,7 +274,7 @@ TEST_CASE_TEMPLATE("scalar operands on either side", T, float, double) {
   Vec<T> x(n), y(n);
   fill(x, {-3, 3, true}, rng);
   auto check = [&](const char* what, auto ref) {
-    INFO(what);
+    INFO(std::string(what));
     check_all(n, [&](index_t i) { return y(i); }, [&](index_t i) { return ref(double(x(i))); }, tol<T>());
   };
   kiln::assign(y, 2.0 - x, exec);
@@ -683,7 +683,7 @@ bool deriv_close(double got, double want) { return std::abs(got - want) <= 1e-6 
 
 template <class F>
 void check_unary_derivative(F f, std::initializer_list<double> points) {
-  INFO("functor = " << F::name);
+  INFO("functor = " << std::string(F::name));
   for (double x : points) {
     INFO("x = " << x);
     const double fd = central([&](double v) { return f(v); }, x);
@@ -697,7 +697,7 @@ void check_unary_derivative(F f, std::initializer_list<double> points) {
 
 template <class F>
 void check_binary_derivative(F f, std::initializer_list<std::pair<double, double>> points) {
-  INFO("functor = " << F::name);
+  INFO("functor = " << std::string(F::name));
   for (auto [a, b] : points) {
     INFO("a = " << a << ", b = " << b);
     const double fa = central([&](double v) { return f(v, b); }, a);
@@ -710,7 +710,7 @@ void check_binary_derivative(F f, std::initializer_list<std::pair<double, double
 
 template <class F>
 void check_ternary_derivative(F f, std::initializer_list<std::array<double, 3>> points) {
-  INFO("functor = " << F::name);
+  INFO("functor = " << std::string(F::name));
   for (auto p : points) {
     const double a = p[0], b = p[1], c = p[2];
     INFO("a = " << a << ", b = " << b << ", c = " << c);

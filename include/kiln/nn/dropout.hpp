@@ -28,7 +28,7 @@ ag::Var<T, S, D...> dropout(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, 
   using V = ag::Var<T, S, D...>;
   const Shape s = x.shape();
   const index_t n = s.size();
-  V out(typename V::tensor_type(s));
+  V out{typename V::tensor_type(s)};
   const float pf = float(p);
   const T scale = p < 1.0 ? T(1.0 / (1.0 - p)) : T(0);
   const T* X = x.value().data();

@@ -31,7 +31,7 @@ ag::Var<T, S, D...> layer_norm(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& 
              s.str(), ", so weight and bias need ", cols, " elements; got weight ", weight.shape().str(), " and bias ",
              bias.shape().str());
   KILN_CHECK(eps > 0.0, ValueError, "layer_norm: eps must be > 0, got ", eps);
-  V out(typename V::tensor_type(s));
+  V out{typename V::tensor_type(s)};
   auto stats = std::make_shared<std::vector<T>>(std::size_t(2 * rows));  // mean[rows], rstd[rows]
   const T* X = x.value().data();
   const T* Wt = weight.value().data();

@@ -42,13 +42,13 @@ ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& log
   const T scale = mean ? T(1) / T(rows > 0 ? rows : 1) : T(1);
   const T on = T(1.0 - eps), off = T(eps / double(cols > 0 ? cols : 1));
   auto lse = std::make_shared<std::vector<T>>(std::size_t(rows));
-  std::vector<T> per_row(std::size_t(rows));
+  std::vector<T> per_row(std::size_t(rows), T(0));
   const T* X = logits.value().data();
   const std::int32_t* L = saved_labels->data();
   T* LSE = lse->data();
   T* PR = per_row.data();
   const std::size_t bytes = std::size_t(rows * cols) * sizeof(T);
-  for_each_row(tape.exec(), rows, cols, kind::loss, "cross_entropy", bytes, [=](index_t r) {
+  detail::for_each_row(tape.exec(), rows, cols, kind::loss, "cross_entropy", bytes, [=](index_t r) {
     const T* xr = X + r * cols;
     T m = cols > 0 ? xr[0] : T(0), sx = 0;
     for (index_t c = 1; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
@@ -83,7 +83,7 @@ ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& log
         [=](index_t r, index_t c) {
           const index_t i = r * cols + c;
           const T target = (c == L[r] ? on : T(0)) + off;
-          put_grad(dx[i], T(g * (std::exp(X[i] - LSE[r]) - target)), add);
+          detail::put_grad(dx[i], T(g * (std::exp(X[i] - LSE[r]) - target)), add);
         },
         kind::loss, "cross_entropy_backward", bytes * 2);
     xd->grad_valid = true;
@@ -131,8 +131,8 @@ ag::Var<T, S> mse_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& pred, co
         1, n,
         [=](index_t, index_t i) {
           const T v = g2 * (P[i] - Q[i]);
-          if (gp) put_grad(gp[i], v, add_p);
-          if (gt) put_grad(gt[i], T(-v), add_t);
+          if (gp) detail::put_grad(gp[i], v, add_p);
+          if (gt) detail::put_grad(gt[i], T(-v), add_t);
         },
         kind::loss, "mse_loss_backward", std::size_t(n) * sizeof(T) * 3);
     if (dp) pd->grad_valid = true;

@@ -50,6 +50,11 @@ auto operator|(Flow<X>&& f, Step<I, Seq, Tape> s) {
 }
 
 template <class L>
+struct value_type_of {
+  using type = typename L::value_type;
+};
+
+template <class L>
 L make_layer(Generator& gen) {
   if constexpr (std::is_constructible_v<L, Generator&>) return L(gen);
   else return L{};
@@ -87,10 +92,10 @@ class Sequential {
 
  public:
   // The element type of the first layer that has one (float for a model without parameters).
-  using value_type =
-      typename std::conditional_t<(first_typed_ < N), std::tuple_element<first_typed_ < N ? first_typed_ : 0,
-                                                                         std::tuple<Layers..., float>>,
-                                  std::type_identity<float>>::type::value_type;
+  using value_type = typename std::conditional_t<
+      (first_typed_ < N),
+      detail::value_type_of<std::tuple_element_t<(first_typed_ < N ? first_typed_ : 0), std::tuple<Layers..., float>>>,
+      std::type_identity<float>>::type;
 
   // The first layer's input size and the last layer's output size that are fixed (dyn if none).
   static constexpr index_t in_features = [] {

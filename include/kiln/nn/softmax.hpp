@@ -18,7 +18,7 @@ ag::Var<T, S, D...> softmax_op(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& 
   using V = ag::Var<T, S, D...>;
   const Shape s = x.shape();
   const index_t rows = s.rows(), cols = s.cols();
-  V out(typename V::tensor_type(s));
+  V out{typename V::tensor_type(s)};
   const T* X = x.value().data();
   T* Y = out.value().data();
   const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;

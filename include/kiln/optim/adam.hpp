@@ -84,6 +84,17 @@ inline AdamParams make_adam_params(double lr, double beta1, double beta2, double
 }
 
 namespace detail {
+// Each option is a select between values computed unconditionally (no `if` around arithmetic),
+// so the CPU loops vectorise: under the default -ftrapping-math the compiler may not speculate
+// a floating-point operation that an `if` guards. Results are those of the `if` form.
+
+// Adam's gradient: negated for maximize, plus weight_decay * p when weight_decay != 0 (skipped
+// at 0, as PyTorch does, so an infinite p cannot turn g into NaN through 0 * inf).
+KILN_HOST_DEVICE float adam_grad(float p, float g, const AdamParams& h) {
+  g = h.maximize ? -g : g;
+  const float l2 = g + h.weight_decay * p;
+  return h.weight_decay != 0.0f ? l2 : g;
+}
 // Moment updates shared by all four variants; g already has maximize and L2 applied.
 KILN_HOST_DEVICE void adam_moments(float g, float& m, float& v, const AdamParams& h) {
   m = m * h.beta1 + h.one_minus_beta1 * g;
@@ -97,28 +108,26 @@ KILN_HOST_DEVICE void adam_apply(float& p, float m, float v_hat, const AdamParam
 
 // One element of an Adam step (L2 weight decay folded into the gradient).
 KILN_HOST_DEVICE void adam_update(float& p, float g, float& m, float& v, const AdamParams& h) {
-  if (h.maximize) g = -g;
-  if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
+  g = detail::adam_grad(p, g, h);
   detail::adam_moments(g, m, v, h);
   detail::adam_apply(p, m, v, h);
 }
 // Adam with amsgrad: v_max keeps the largest v seen and normalises in its place.
 KILN_HOST_DEVICE void adam_update(float& p, float g, float& m, float& v, float& v_max, const AdamParams& h) {
-  if (h.maximize) g = -g;
-  if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
+  g = detail::adam_grad(p, g, h);
   detail::adam_moments(g, m, v, h);
   v_max = math::max(v_max, v);
   detail::adam_apply(p, m, v_max, h);
 }
 // One element of an AdamW step (decoupled weight decay applied to p first).
 KILN_HOST_DEVICE void adamw_update(float& p, float g, float& m, float& v, const AdamParams& h) {
-  if (h.maximize) g = -g;
+  g = h.maximize ? -g : g;
   p = p * h.decay;
   detail::adam_moments(g, m, v, h);
   detail::adam_apply(p, m, v, h);
 }
 KILN_HOST_DEVICE void adamw_update(float& p, float g, float& m, float& v, float& v_max, const AdamParams& h) {
-  if (h.maximize) g = -g;
+  g = h.maximize ? -g : g;
   p = p * h.decay;
   detail::adam_moments(g, m, v, h);
   v_max = math::max(v_max, v);
@@ -158,15 +167,16 @@ class AdamBase {
     // A sqrt and a divide per element: worth threads at a quarter of the elementwise grain.
     exec.parallel_for(n, CpuExecutor::grain / 4, [&](index_t b, index_t e) {
       table_.for_each_span(b, e, [&](const ParamSlot& s, index_t lb, index_t le, index_t fb) {
+        const AdamParams hl = h;  // a private copy: stores through p cannot change it, so it stays in registers
         float* KILN_RESTRICT p = s.value;
         const float* KILN_RESTRICT g = s.grad;
         float* KILN_RESTRICT m = m_all + (fb - lb);
         float* KILN_RESTRICT v = v_all + (fb - lb);
         if (ams) {
           float* KILN_RESTRICT vmax = vmax_all + (fb - lb);
-          for (index_t i = lb; i < le; ++i) update(p[i], g[i], m[i], v[i], vmax[i], h);
+          for (index_t i = lb; i < le; ++i) update(p[i], g[i], m[i], v[i], vmax[i], hl);
         } else {
-          for (index_t i = lb; i < le; ++i) update(p[i], g[i], m[i], v[i], h);
+          for (index_t i = lb; i < le; ++i) update(p[i], g[i], m[i], v[i], hl);
         }
       });
     });

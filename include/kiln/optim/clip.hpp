@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <vector>
 
 #include "kiln/backend/cpu/executor.hpp"
@@ -40,15 +41,17 @@ double pairwise_sum(const float* x, index_t n, F f) {
   return pairwise_sum(x, mid, f) + pairwise_sum(x + mid, n - mid, f);
 }
 
-// Largest |x[i]|; NaN wins, as torch's max does.
+// Largest |x[i]|; NaN wins, as torch's max does. Branch-free (NaN tracked on the side) so the
+// loop vectorises; |x| and the max are exact in float.
 inline double max_abs(const float* x, index_t n) {
-  double m = 0.0;
+  float m = 0.0f;
+  bool nan = false;
   for (index_t i = 0; i < n; ++i) {
-    const double a = std::fabs(double(x[i]));
-    if (!(a <= m)) m = a;  // also takes a NaN, and once m is NaN nothing replaces it
-    if (std::isnan(m)) return m;
+    const float a = std::fabs(x[i]);
+    m = a > m ? a : m;
+    nan = nan || a != a;
   }
-  return m;
+  return nan ? std::numeric_limits<double>::quiet_NaN() : double(m);
 }
 
 inline double merge_tree(const std::vector<double>& p, std::size_t b, std::size_t e, bool is_max) {

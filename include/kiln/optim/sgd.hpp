@@ -47,16 +47,30 @@ struct SgdParams {
   bool init_buffer;  // true on the first step with momentum: buf = d (PyTorch's buffer start)
 };
 
-// One element of an SGD step. buf is the element's momentum buffer; it is neither read nor
-// written when momentum == 0.
+// Options are selects between values computed unconditionally (no `if` around arithmetic), so
+// the CPU loops vectorise: under the default -ftrapping-math the compiler may not speculate a
+// floating-point operation that an `if` guards. Results are those of the `if` form.
+namespace detail {
+// The gradient with maximize and L2 weight decay applied (skipped at weight_decay 0, as in
+// PyTorch, so an infinite p cannot turn it into NaN through 0 * inf).
+KILN_HOST_DEVICE float sgd_grad(float p, float g, const SgdParams& h) {
+  g = h.maximize ? -g : g;
+  const float l2 = g + h.weight_decay * p;
+  return h.weight_decay != 0.0f ? l2 : g;
+}
+}  // namespace detail
+
+// One element of an SGD step without momentum (h.momentum == 0).
+KILN_HOST_DEVICE void sgd_update(float& p, float g, const SgdParams& h) { p = p - h.lr * detail::sgd_grad(p, g, h); }
+
+// One element of an SGD step with momentum (h.momentum != 0); buf is its momentum buffer,
+// overwritten on the first step (h.init_buffer), so any start value will do.
 KILN_HOST_DEVICE void sgd_update(float& p, float g, float& buf, const SgdParams& h) {
-  float d = h.maximize ? -g : g;
-  if (h.weight_decay != 0.0f) d = d + h.weight_decay * p;
-  if (h.momentum != 0.0f) {
-    buf = h.init_buffer ? d : buf * h.momentum + h.one_minus_dampening * d;
-    d = h.nesterov ? d + h.momentum * buf : buf;
-  }
-  p = p - h.lr * d;
+  const float d = detail::sgd_grad(p, g, h);
+  const float next = buf * h.momentum + h.one_minus_dampening * d;
+  buf = h.init_buffer ? d : next;
+  const float nesterov = d + h.momentum * buf;
+  p = p - h.lr * (h.nesterov ? nesterov : buf);
 }
 
 class Sgd {
@@ -78,14 +92,14 @@ class Sgd {
     float* state = momentum_buffer_.data();
     exec.parallel_for(n, CpuExecutor::grain, [&](index_t b, index_t e) {
       table_.for_each_span(b, e, [&](const ParamSlot& s, index_t lb, index_t le, index_t fb) {
+        const SgdParams hl = h;  // a private copy: stores through p cannot change it, so it stays in registers
         float* KILN_RESTRICT p = s.value;
         const float* KILN_RESTRICT g = s.grad;
         if (use_buffer) {
           float* KILN_RESTRICT buf = state + (fb - lb);
-          for (index_t i = lb; i < le; ++i) sgd_update(p[i], g[i], buf[i], h);
+          for (index_t i = lb; i < le; ++i) sgd_update(p[i], g[i], buf[i], hl);
         } else {
-          float unused = 0.0f;
-          for (index_t i = lb; i < le; ++i) sgd_update(p[i], g[i], unused, h);
+          for (index_t i = lb; i < le; ++i) sgd_update(p[i], g[i], hl);
         }
       });
     });

@@ -141,14 +141,14 @@ inline void pack_panels(index_t rows, index_t kc, const T* KILN_RESTRICT src, in
         } else {
           pack_panel_contiguous<R, false>(kc, src, cs, live, dst);
         }
-        continue;
-      }
+      } else  // f16/bf16 take the scalar copy with conversion below
 #endif
-      // Rows contiguous: each k step is one short copy.
-      for (index_t p = 0; p < kc; ++p) {
-        const T* s = src + p * cs;
-        Acc* d = dst + p * R;
-        for (int r = 0; r < R; ++r) d[r] = r < live ? static_cast<Acc>(s[r]) : Acc(0);
+      {
+        for (index_t p = 0; p < kc; ++p) {
+          const T* s = src + p * cs;
+          Acc* d = dst + p * R;
+          for (int r = 0; r < R; ++r) d[r] = r < live ? static_cast<Acc>(s[r]) : Acc(0);
+        }
       }
       continue;
     }

@@ -1,0 +1,10 @@
+// expect: a host tensor and a cuda tensor meet in one expression
+// One host and one cuda operand in one expression. Views name the cuda space without allocating.
+#include <kiln.hpp>
+
+int main() {
+  kiln::View<const float, kiln::host, kiln::extents<4>> h;
+  kiln::View<const float, kiln::cuda, kiln::extents<4>> d;
+  auto e = h * 2.0f + d;
+  (void)e;
+}
