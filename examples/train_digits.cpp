@@ -113,7 +113,8 @@ int main(int argc, char** argv) try {
                                                    dir + "digits20-train-labels-idx1-ubyte.gz", 10);
   auto test = kiln::data::load_idx_classification(dir + "digits20-test-images-idx3-ubyte.gz",
                                                   dir + "digits20-test-labels-idx1-ubyte.gz", 10);
-  auto norm = kiln::data::fit_normalizer(train, {.scale = 1.0f / 255});
+  // MNIST-style global standardisation (one mean and std from the training set).
+  auto norm = kiln::data::fit_normalizer(train, {.scale = 1.0f / 255, .standardize = kiln::data::Standardize::global});
   norm.apply(train);
   norm.apply(test);
 

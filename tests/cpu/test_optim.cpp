@@ -244,11 +244,16 @@ TEST_CASE("optim: the per-element update functions are usable on their own") {
   CHECK(m == 0.0f);
   CHECK(v == 0.0f);
 
-  const kiln::optim::SgdParams s{0.1f, 0.0f, 1.0f, 0.0f, false, false, false};
-  float q = 1.0f, unused = 42.0f;
-  kiln::optim::sgd_update(q, 2.0f, unused, s);
+  const kiln::optim::SgdParams plain{0.1f, 0.0f, 1.0f, 0.0f, false, false, false};
+  float q = 1.0f;
+  kiln::optim::sgd_update(q, 2.0f, plain);
   CHECK(q == doctest::Approx(0.8).epsilon(1e-7));
-  CHECK(unused == 42.0f);  // no momentum: the buffer is not touched
+  // With momentum: the first step sets buf to the gradient whatever it held.
+  const kiln::optim::SgdParams first{0.1f, 0.9f, 1.0f, 0.0f, false, false, true};
+  float r = 1.0f, buf = 42.0f;
+  kiln::optim::sgd_update(r, 2.0f, buf, first);
+  CHECK(buf == 2.0f);
+  CHECK(r == doctest::Approx(0.8).epsilon(1e-7));
 }
 
 // ---- the fused loop over a table ------------------------------------------------------------------

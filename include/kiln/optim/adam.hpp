@@ -84,22 +84,20 @@ inline AdamParams make_adam_params(double lr, double beta1, double beta2, double
 }
 
 namespace detail {
-// Each option is a select between values computed unconditionally (no `if` around arithmetic),
-// so the CPU loops vectorise: under the default -ftrapping-math the compiler may not speculate
-// a floating-point operation that an `if` guards. Results are those of the `if` form.
-
 // Adam's gradient: negated for maximize, plus weight_decay * p when weight_decay != 0 (skipped
 // at 0, as PyTorch does, so an infinite p cannot turn g into NaN through 0 * inf).
 KILN_HOST_DEVICE float adam_grad(float p, float g, const AdamParams& h) {
-  g = h.maximize ? -g : g;
-  const float l2 = g + h.weight_decay * p;
-  return h.weight_decay != 0.0f ? l2 : g;
+  if (h.maximize) g = -g;
+  if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
+  return g;
 }
 // Moment updates shared by all four variants; g already has maximize and L2 applied.
 KILN_HOST_DEVICE void adam_moments(float g, float& m, float& v, const AdamParams& h) {
   m = m * h.beta1 + h.one_minus_beta1 * g;
   v = v * h.beta2 + h.one_minus_beta2 * g * g;
 }
+// amsgrad's running max, NaN-propagating like torch.maximum (math::max would drop a NaN v).
+KILN_HOST_DEVICE float nan_max(float v_max, float v) { return v_max >= v || v_max != v_max ? v_max : v; }
 KILN_HOST_DEVICE void adam_apply(float& p, float m, float v_hat, const AdamParams& h) {
   const float denom = math::sqrt(v_hat) / h.bias_correction2_sqrt + h.eps;
   p = p - h.step_size * (m / denom);
@@ -116,21 +114,21 @@ KILN_HOST_DEVICE void adam_update(float& p, float g, float& m, float& v, const A
 KILN_HOST_DEVICE void adam_update(float& p, float g, float& m, float& v, float& v_max, const AdamParams& h) {
   g = detail::adam_grad(p, g, h);
   detail::adam_moments(g, m, v, h);
-  v_max = math::max(v_max, v);
+  v_max = detail::nan_max(v_max, v);
   detail::adam_apply(p, m, v_max, h);
 }
 // One element of an AdamW step (decoupled weight decay applied to p first).
 KILN_HOST_DEVICE void adamw_update(float& p, float g, float& m, float& v, const AdamParams& h) {
-  g = h.maximize ? -g : g;
+  if (h.maximize) g = -g;
   p = p * h.decay;
   detail::adam_moments(g, m, v, h);
   detail::adam_apply(p, m, v, h);
 }
 KILN_HOST_DEVICE void adamw_update(float& p, float g, float& m, float& v, float& v_max, const AdamParams& h) {
-  g = h.maximize ? -g : g;
+  if (h.maximize) g = -g;
   p = p * h.decay;
   detail::adam_moments(g, m, v, h);
-  v_max = math::max(v_max, v);
+  v_max = detail::nan_max(v_max, v);
   detail::adam_apply(p, m, v_max, h);
 }
 
@@ -165,6 +163,8 @@ class AdamBase {
     float* v_all = exp_avg_sq_.data();
     float* vmax_all = max_exp_avg_sq_.data();
     // A sqrt and a divide per element: worth threads at a quarter of the elementwise grain.
+    // The inner loops vectorise (GCC -O3 unswitches them on the flags in h) only where sqrt
+    // need not set errno: build with -fno-math-errno, or they stay scalar (~4x slower).
     exec.parallel_for(n, CpuExecutor::grain / 4, [&](index_t b, index_t e) {
       table_.for_each_span(b, e, [&](const ParamSlot& s, index_t lb, index_t le, index_t fb) {
         const AdamParams hl = h;  // a private copy: stores through p cannot change it, so it stays in registers

@@ -47,16 +47,13 @@ struct SgdParams {
   bool init_buffer;  // true on the first step with momentum: buf = d (PyTorch's buffer start)
 };
 
-// Options are selects between values computed unconditionally (no `if` around arithmetic), so
-// the CPU loops vectorise: under the default -ftrapping-math the compiler may not speculate a
-// floating-point operation that an `if` guards. Results are those of the `if` form.
 namespace detail {
 // The gradient with maximize and L2 weight decay applied (skipped at weight_decay 0, as in
 // PyTorch, so an infinite p cannot turn it into NaN through 0 * inf).
 KILN_HOST_DEVICE float sgd_grad(float p, float g, const SgdParams& h) {
-  g = h.maximize ? -g : g;
-  const float l2 = g + h.weight_decay * p;
-  return h.weight_decay != 0.0f ? l2 : g;
+  if (h.maximize) g = -g;
+  if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
+  return g;
 }
 }  // namespace detail
 
@@ -64,13 +61,11 @@ KILN_HOST_DEVICE float sgd_grad(float p, float g, const SgdParams& h) {
 KILN_HOST_DEVICE void sgd_update(float& p, float g, const SgdParams& h) { p = p - h.lr * detail::sgd_grad(p, g, h); }
 
 // One element of an SGD step with momentum (h.momentum != 0); buf is its momentum buffer,
-// overwritten on the first step (h.init_buffer), so any start value will do.
+// overwritten with the gradient on the first step (h.init_buffer).
 KILN_HOST_DEVICE void sgd_update(float& p, float g, float& buf, const SgdParams& h) {
   const float d = detail::sgd_grad(p, g, h);
-  const float next = buf * h.momentum + h.one_minus_dampening * d;
-  buf = h.init_buffer ? d : next;
-  const float nesterov = d + h.momentum * buf;
-  p = p - h.lr * (h.nesterov ? nesterov : buf);
+  buf = h.init_buffer ? d : buf * h.momentum + h.one_minus_dampening * d;
+  p = p - h.lr * (h.nesterov ? d + h.momentum * buf : buf);
 }
 
 class Sgd {

@@ -18,8 +18,12 @@
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
 
+// Detail headers refuse to compile unless KILN_INTERNAL_INCLUDE is defined; push/pop leaves the
+// macro as the includer had it (also when another kiln header already defined it).
 #pragma push_macro("KILN_INTERNAL_INCLUDE")
+#ifndef KILN_INTERNAL_INCLUDE
 #define KILN_INTERNAL_INCLUDE
+#endif
 #include "kiln/backend/cpu/detail/gemm_args.hpp"
 #include "kiln/backend/cpu/detail/gemm_cblas.hpp"
 #include "kiln/backend/cpu/detail/gemm_driver.hpp"
@@ -80,9 +84,9 @@ void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m
 #else
   (void)use_cblas;
 #endif
-  // op(A)(i, p) = a[i * a_rs + p * a_cs], op(B)(p, j) = b[p * b_ks + j * b_js].
+  // op(A)(i, p) = a[i * a_rs + p * a_cs], op(B)(p, j) = b[p * b_ks + j * b_js], C(i, j) = c[i * ldc + j].
   gemm_blocked(gemm_problem<T, gemm_acc_t<T>>{m, n, k, alpha, beta, a, at ? 1 : lda, at ? lda : 1, b,
-                                               bt ? 1 : ldb, bt ? ldb : 1, c, ldc},
+                                               bt ? 1 : ldb, bt ? ldb : 1, c, ldc, 1},
                threads);
 }
 }  // namespace detail

@@ -26,6 +26,8 @@
 // * BIAS: "Bias vector length must match matrix D rows … broadcasted to all columns". The rows of
 //   the column-major D^T are the COLUMNS of kiln's row-major D, so the bias has n entries, one per
 //   output column (per output feature of Y = X W^T + b) — the convention a Linear layer wants.
+//   It is added to alpha op(A) op(B) + beta C, before the activation ("added before applying
+//   final postprocessing"); the runtime tests pin this down with beta != 0.
 // * DRELU_BGRAD / DGELU_BGRAD: the bias gradient has one entry per row of D^T, summed along its
 //   columns: in kiln terms db[j] = sum_i D[i, j] (column sums of D, length n), D being the
 //   gradient AFTER the activation derivative is applied — i.e. the gradient of the bias that fed
@@ -36,11 +38,13 @@
 //     kiln bgradb: db[j] = sum_k op(B)[k, j], length n  -> CUBLASLT_EPILOGUE_BGRADA
 //   Typical use: Linear weight gradient dW[out, in] = dY^T[out, batch] X[batch, in] with
 //   trans_a = true, and bgrada gives db = column sums of dY in the same call.
-//   cuBLASLt supports BGRADB only with its B transposed and BGRADA only with its A not transposed
-//   (NVIDIA's nvmath-python: tests/…/test_matmul skips "BGRADA only works with non-transposed A",
-//   "BGRADB only works with transposed B"; matmulmod.py: "this epilog requires B to be
-//   transposed"). After the swap: kiln bgrada requires trans_a = true, kiln bgradb requires
-//   trans_b = false. matmul() rejects the other combinations with a ValueError that says so.
+//   cuBLASLt supports BGRADB only with its B transposed and BGRADA only with its A not
+//   transposed. Sources: NVIDIA nvmath-python, tests/nvmath_tests/distributed/test_matmul.py
+//   ("CUBLASLT_EPILOGUE_BGRADA only works with non-transposed A", "... BGRADB only works with
+//   transposed B") and nvmath/linalg/advanced/matmulmod.py ("this epilog [BGRADB] requires B to
+//   be transposed"); Apex-style fused_dense code calls BGRADB with transb = T and BGRADA with
+//   transa = N. After the swap: kiln bgrada requires trans_a = true, kiln bgradb requires
+//   trans_b = false; matmul() rejects the other combinations with a ValueError that says so.
 // * AUX (the ReLU bit-mask / the GELU input saved for backward) is a column-major matrix with
 //   "rows of the output matrix" = n rows and ld >= n: in kiln terms a row-major [m, n] matrix
 //   with row stride aux_ld. Its ld rules (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD):
@@ -50,8 +54,8 @@
 //       "must be divisible by 8" — size it with gelu_aux_ld(n).
 //   The mask's bit order is cuBLASLt's business: treat it as opaque, produced by relu_aux_bias
 //   and consumed by drelu/drelu_bgrad of the same m, n and aux_ld.
-// * DRELU / DGELU need k >= 2 (nvmath-python's epilog handlers: "K=1 is not supported by cuBLAS"
-//   for both); matmul() rejects k == 1 for them.
+// * DRELU / DGELU need k >= 2 (nvmath-python, nvmath/linalg/_internal/epilog_protocol.py: "K=1
+//   is not supported by cuBLAS", for both); matmul() rejects k == 1 for them.
 // * GELU is the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): PyTorch's
 //   decomposition of _addmm_activation (which calls cuBLASLt's GELU_BIAS on CUDA) uses
 //   gelu(approximate="tanh") exactly when the tensor is on CUDA. DGELU is its derivative. The
@@ -67,6 +71,7 @@
 // cached: the heuristic query costs far more than the GEMM for small shapes. Pointer alignments
 // belong to the key because the heuristic picks kernels by them (and, for bias and aux, by the
 // pointer set on the descriptor when it runs); a plan is reused only for equally aligned data.
+// Plans are never evicted (a training loop sees a handful of shapes); clear_plans() drops them.
 #pragma once
 
 #include <cublasLt.h>

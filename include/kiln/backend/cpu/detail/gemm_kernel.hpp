@@ -11,6 +11,8 @@
 #error "kiln/backend/cpu/detail/gemm_kernel.hpp is internal: include <kiln/backend/cpu/gemm.hpp>"
 #endif
 
+#include <type_traits>
+
 #include "kiln/config.hpp"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -62,6 +64,20 @@ struct gemm_blocking<double> {
   static constexpr index_t kc = 256, mc = 64, nc = 4096;
 };
 #endif
+
+// Writes the mr x nr corner of `tile` (row stride NR, already times alpha) to C(r, j) at
+// c[r * rs_c + j * cs_c]; beta == 0 does not read C. The slow path for tiles the vector stores
+// do not cover.
+template <int NR, class Acc>
+inline void store_tile(const Acc* KILN_RESTRICT tile, Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c,
+                       Acc beta, int mr, int nr) {
+  for (int r = 0; r < mr; ++r) {
+    for (int j = 0; j < nr; ++j) {
+      Acc& x = c[r * rs_c + j * cs_c];
+      x = beta == Acc(0) ? tile[r * NR + j] : tile[r * NR + j] + beta * x;
+    }
+  }
+}
 
 #if KILN_GEMM_AVX2
 
@@ -151,11 +167,65 @@ inline void update_c_row(Acc* cr, const typename avx_ops<Acc>::vec (&x)[NV], Acc
   }
 }
 
-// C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C   (beta == 0: C is not read).
+// Transposes the 8 x 8 block whose rows are r[0..7] in place: afterwards r[p] holds column p.
+inline void transpose8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0x44);
+    u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h + 0], t[4 * h + 2], 0xEE);
+    u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+    u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// Stores the register tile transposed: tile element (r, j) goes to c[j * ldc + r]. This is
+// how a product computed as C^T = op(B)^T op(A)^T (narrow C, see gemm_driver.hpp) lands in C.
+// float transposes in registers so each C row takes one short store; double, rarely narrow
+// in practice, goes through memory.
+template <class Acc, int MR, int NV>
+inline void store_tile_transposed(const typename avx_ops<Acc>::vec (&acc)[MR][NV], Acc* c, index_t ldc,
+                                  Acc beta, int mr, int nr) {
+  using ops = avx_ops<Acc>;
+  if constexpr (std::is_same_v<Acc, float> && MR == 6) {
+    const __m256i rows = ops::mask(mr);
+    for (int v = 0; v < NV; ++v) {
+      __m256 t[8] = {acc[0][v], acc[1][v], acc[2][v], acc[3][v], acc[4][v], acc[5][v], ops::zero(), ops::zero()};
+      transpose8x8(t);
+      for (int q = 0; q < 8 && v * 8 + q < nr; ++q) {
+        float* p = c + (v * 8 + q) * ldc;
+        __m256 y = t[q];
+        if (beta != 0.0f) y = ops::fma(ops::set1(beta), ops::maskload(p, rows), y);
+        if (mr == MR) {
+          ops::template store_first<6>(p, y);
+        } else {
+          ops::maskstore(p, rows, y);
+        }
+      }
+    }
+  } else {
+    constexpr int NR = NV * ops::lanes;
+    alignas(32) Acc tile[MR * NR];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) ops::storeu(tile + r * NR + v * ops::lanes, acc[r][v]);
+    store_tile<NR>(tile, c, 1, ldc, beta, mr, nr);
+  }
+}
+
+// C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C   (beta == 0: C is not read), where C(r, j) is
+// c[r * rs_c + j * cs_c] and either cs_c == 1 (row-major C) or rs_c == 1 (C seen transposed).
 // requires: ap holds kc x MR and bp kc x NR packed values, bp 32-byte aligned; mr <= MR, nr <= NR.
 template <class Acc>
 inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
-                        Acc* KILN_RESTRICT c, index_t ldc, Acc alpha, Acc beta, int mr, int nr) {
+                        Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta, int mr,
+                        int nr) {
   using ops = avx_ops<Acc>;
   using vec = typename ops::vec;
   constexpr int MR = gemm_blocking<Acc>::mr;
@@ -169,7 +239,11 @@ inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN
   vec c40 = ops::zero(), c41 = ops::zero(), c50 = ops::zero(), c51 = ops::zero();
 
   // Touch the C tile early so its lines arrive while the k loop runs.
-  for (int r = 0; r < mr; ++r) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+  if (cs_c == 1) {
+    for (int r = 0; r < mr; ++r) _mm_prefetch(reinterpret_cast<const char*>(c + r * rs_c), _MM_HINT_T0);
+  } else {
+    for (int j = 0; j < nr; ++j) _mm_prefetch(reinterpret_cast<const char*>(c + j * cs_c), _MM_HINT_T0);
+  }
 
 KILN_GEMM_UNROLL_K
   for (index_t p = 0; p < kc; ++p) {
@@ -200,39 +274,27 @@ KILN_GEMM_UNROLL_K
   const vec acc[MR][NV] = {{ops::mul(va, c00), ops::mul(va, c01)}, {ops::mul(va, c10), ops::mul(va, c11)},
                            {ops::mul(va, c20), ops::mul(va, c21)}, {ops::mul(va, c30), ops::mul(va, c31)},
                            {ops::mul(va, c40), ops::mul(va, c41)}, {ops::mul(va, c50), ops::mul(va, c51)}};
-  if (nr == NR) {
+  if (cs_c != 1) {
+    store_tile_transposed<Acc>(acc, c, cs_c, beta, mr, nr);
+  } else if (nr == NR) {
     const __m256i none[NV] = {};
     if (mr == MR) {
-      for (int r = 0; r < MR; ++r) update_c_row<false>(c + r * ldc, acc[r], beta, none);
+      for (int r = 0; r < MR; ++r) update_c_row<false>(c + r * rs_c, acc[r], beta, none);
     } else {
-      for (int r = 0; r < mr; ++r) update_c_row<false>(c + r * ldc, acc[r], beta, none);
+      for (int r = 0; r < mr; ++r) update_c_row<false>(c + r * rs_c, acc[r], beta, none);
     }
   } else {
     const __m256i cols[NV] = {ops::mask(nr), ops::mask(nr - ops::lanes)};
-    for (int r = 0; r < mr; ++r) update_c_row<true>(c + r * ldc, acc[r], beta, cols);
+    for (int r = 0; r < mr; ++r) update_c_row<true>(c + r * rs_c, acc[r], beta, cols);
   }
 }
 
 #else  // portable kernel: plain loops over a fixed tile that the compiler vectorises.
 
-// Writes the mr x nr corner of `tile` (row stride NR, already times alpha) into C; beta == 0
-// does not read C.
-template <int NR, class Acc>
-inline void store_partial_tile(const Acc* KILN_RESTRICT tile, Acc* KILN_RESTRICT c, index_t ldc,
-                               Acc beta, int mr, int nr) {
-  for (int r = 0; r < mr; ++r) {
-    Acc* KILN_RESTRICT cr = c + r * ldc;
-    if (beta == Acc(0)) {
-      for (int j = 0; j < nr; ++j) cr[j] = tile[r * NR + j];
-    } else {
-      for (int j = 0; j < nr; ++j) cr[j] = tile[r * NR + j] + beta * cr[j];
-    }
-  }
-}
-
 template <class Acc>
 inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
-                        Acc* KILN_RESTRICT c, index_t ldc, Acc alpha, Acc beta, int mr, int nr) {
+                        Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta, int mr,
+                        int nr) {
   constexpr int MR = gemm_blocking<Acc>::mr;
   constexpr int NR = gemm_blocking<Acc>::nr;
   Acc tile[MR * NR] = {};
@@ -243,7 +305,7 @@ inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN
     bp += NR;
   }
   for (Acc& x : tile) x *= alpha;
-  store_partial_tile<NR>(tile, c, ldc, beta, mr, nr);
+  store_tile<NR>(tile, c, rs_c, cs_c, beta, mr, nr);
 }
 
 #endif
