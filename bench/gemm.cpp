@@ -7,15 +7,14 @@
 // other processes hits both alike. A summary table goes to stderr.
 //
 // usage: gemm [seconds per measurement, default 0.3]
+#include <kiln/backend/cpu/gemm.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
-#include <string>
 #include <vector>
-
-#include <kiln/backend/cpu/gemm.hpp>
 
 namespace {
 
@@ -49,8 +48,8 @@ void call(impl which, const shape& s, operands& o) {
     kiln::cpu::gemm_own(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.a.data(), lda, o.b.data(), ldb, s.beta,
                         o.c.data(), s.n, 1);
   } else {
-    kiln::cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.a.data(), lda, o.b.data(), ldb, s.beta, o.c.data(),
-                    s.n, 1);
+    kiln::cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.a.data(), lda, o.b.data(), ldb, s.beta,
+                    o.c.data(), s.n, 1);
   }
 }
 
@@ -99,25 +98,28 @@ int main(int argc, char** argv) {
     const int samples = std::max(11, static_cast<int>(budget / (once * reps * impls.size())));
     std::vector<std::vector<double>> times(impls.size());
     for (int i = 0; i < samples; ++i)
-      for (std::size_t w = 0; w < impls.size(); ++w) times[w].push_back(sample(impls[w], s, o, reps));
+      for (std::size_t w = 0; w < impls.size(); ++w)
+        times[w].push_back(sample(impls[w], s, o, reps));
 
     double gf[2] = {0, 0};
     for (std::size_t w = 0; w < impls.size(); ++w) {
       const double t = median(times[w]);
       gf[w] = flops / t * 1e-9;
       std::printf(
-          "{\"bench\":\"gemm\",\"impl\":\"%s\",\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ta\":\"%s\","
+          "{\"bench\":\"gemm\",\"impl\":\"%s\",\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,"
+          "\"ta\":\"%s\","
           "\"tb\":\"%s\",\"beta\":%g,\"threads\":1,\"samples\":%d,\"reps\":%d,\"median_s\":%.4e,"
           "\"gflops\":%.2f}\n",
           impls[w] == impl::own ? "own" : "cblas", s.op, static_cast<long long>(s.m),
-          static_cast<long long>(s.n), static_cast<long long>(s.k), s.ta == trans::yes ? "yes" : "no",
-          s.tb == trans::yes ? "yes" : "no", double(s.beta), samples, reps, t, gf[w]);
+          static_cast<long long>(s.n), static_cast<long long>(s.k),
+          s.ta == trans::yes ? "yes" : "no", s.tb == trans::yes ? "yes" : "no", double(s.beta),
+          samples, reps, t, gf[w]);
     }
     std::fflush(stdout);
     std::fprintf(stderr, "%-4s %5lld %5lld %5lld %3s %3s  %9.1f %9.1f  %6.2f\n", s.op,
-                 static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
-                 s.ta == trans::yes ? "T" : "N", s.tb == trans::yes ? "T" : "N", gf[0], gf[1],
-                 gf[1] > 0 ? gf[0] / gf[1] : 0.0);
+                 static_cast<long long>(s.m), static_cast<long long>(s.n),
+                 static_cast<long long>(s.k), s.ta == trans::yes ? "T" : "N",
+                 s.tb == trans::yes ? "T" : "N", gf[0], gf[1], gf[1] > 0 ? gf[0] / gf[1] : 0.0);
   }
   return 0;
 }

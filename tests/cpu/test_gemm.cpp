@@ -3,6 +3,8 @@
 // Every case fills the padding of A and B (the gap between a row's end and ld) with NaN, and C's
 // padding with a sentinel, so a kernel that reads or writes outside the matrices fails. With
 // beta == 0, C starts as NaN: BLAS semantics say C is not read then.
+#include <kiln/backend/cpu/gemm.hpp>
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,8 +14,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <kiln/backend/cpu/gemm.hpp>
 
 namespace {
 
@@ -53,9 +53,10 @@ struct gemm_case {
 };
 
 std::string describe(const gemm_case& g, impl i, const char* type) {
-  return kiln::detail::concat(type, " ", name(i), " ta=", name(g.ta), " tb=", name(g.tb), " m=", g.m,
-                              " n=", g.n, " k=", g.k, " alpha=", g.alpha, " beta=", g.beta, " pad=", g.pad,
-                              " threads=", g.threads, " seed=", g.seed);
+  return kiln::detail::concat(type, " ", name(i), " ta=", name(g.ta), " tb=", name(g.tb),
+                              " m=", g.m, " n=", g.n, " k=", g.k, " alpha=", g.alpha,
+                              " beta=", g.beta, " pad=", g.pad, " threads=", g.threads,
+                              " seed=", g.seed);
 }
 
 // Result of one case: the worst error relative to its bound (<= 1 passes) and whether C's
@@ -97,12 +98,12 @@ run_result<T> run_case(const gemm_case& g, impl which) {
   r.c = c0;
   const Acc alpha = static_cast<Acc>(g.alpha), beta = static_cast<Acc>(g.beta);
   if (which == impl::own) {
-    kiln::cpu::gemm_own(g.ta, g.tb, g.m, g.n, g.k, alpha, a.data(), lda, b.data(), ldb, beta, r.c.data(),
-                        ldc, g.threads);
+    kiln::cpu::gemm_own(g.ta, g.tb, g.m, g.n, g.k, alpha, a.data(), lda, b.data(), ldb, beta,
+                        r.c.data(), ldc, g.threads);
   } else {
     kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::cblas);
-    kiln::cpu::gemm(g.ta, g.tb, g.m, g.n, g.k, alpha, a.data(), lda, b.data(), ldb, beta, r.c.data(), ldc,
-                    g.threads);
+    kiln::cpu::gemm(g.ta, g.tb, g.m, g.n, g.k, alpha, a.data(), lda, b.data(), ldb, beta,
+                    r.c.data(), ldc, g.threads);
   }
 
   const double eps = std::numeric_limits<Acc>::epsilon();
@@ -204,11 +205,13 @@ TEST_CASE("gemm_own: blocks larger than one cache block in every direction") {
   std::uint64_t index = 7;
   for (trans ta : both)
     for (trans tb : both)
-      for (const auto& s : shapes) check_case<float>(make_case(ta, tb, s[0], s[1], s[2], index++), impl::own, "float");
+      for (const auto& s : shapes)
+        check_case<float>(make_case(ta, tb, s[0], s[1], s[2], index++), impl::own, "float");
 }
 
 TEST_CASE("gemm_own: the thread count changes nothing, bit for bit") {
-  const index_t shapes[][3] = {{300, 300, 300}, {1000, 37, 70}, {5, 513, 1000}, {64, 256, 400}, {256, 400, 64}};
+  const index_t shapes[][3] = {
+      {300, 300, 300}, {1000, 37, 70}, {5, 513, 1000}, {64, 256, 400}, {256, 400, 64}};
   std::uint64_t index = 11;
   for (const auto& s : shapes) {
     gemm_case g = make_case(trans::yes, trans::no, s[0], s[1], s[2], index++);
@@ -229,28 +232,36 @@ TEST_CASE("gemm_own: the thread count changes nothing, bit for bit") {
 TEST_CASE("gemm_own: alpha == 0 and k == 0 read neither A nor B") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> a(6, nan), b(6, nan), c = {1, 2, 3, 4};
-  kiln::cpu::gemm_own(trans::no, trans::no, 2, 2, 3, 0.0f, a.data(), 3, b.data(), 2, 2.0f, c.data(), 2);
+  kiln::cpu::gemm_own(trans::no, trans::no, 2, 2, 3, 0.0f, a.data(), 3, b.data(), 2, 2.0f, c.data(),
+                      2);
   CHECK(c == std::vector<float>{2, 4, 6, 8});
-  kiln::cpu::gemm_own(trans::no, trans::no, 2, 2, 3, 0.0f, a.data(), 3, b.data(), 2, 0.0f, c.data(), 2);
+  kiln::cpu::gemm_own(trans::no, trans::no, 2, 2, 3, 0.0f, a.data(), 3, b.data(), 2, 0.0f, c.data(),
+                      2);
   CHECK(c == std::vector<float>{0, 0, 0, 0});
   c = {nan, nan, nan, nan};
-  kiln::cpu::gemm_own<float>(trans::no, trans::no, 2, 2, 0, 1.0f, nullptr, 0, nullptr, 2, 0.0f, c.data(), 2);
+  kiln::cpu::gemm_own<float>(trans::no, trans::no, 2, 2, 0, 1.0f, nullptr, 0, nullptr, 2, 0.0f,
+                             c.data(), 2);
   CHECK(c == std::vector<float>{0, 0, 0, 0});
 }
 
 #if defined(KILN_HAVE_CBLAS)
 TEST_CASE("gemm through CBLAS matches the reference") {
+  const auto before = kiln::cpu::current_gemm_backend();
   sweep<float>(impl::cblas, "float", few_sizes);
   sweep<double>(impl::cblas, "double", few_sizes);
-  kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::cblas);
+  kiln::cpu::set_gemm_backend(before);
 }
 
-TEST_CASE("gemm_backend defaults to cblas when the build has one") {
+TEST_CASE("gemm_backend can be switched between own and cblas") {
+  // The default (cblas when the build has one) is what gemm() starts with; other suites in this
+  // binary may have switched it since, so only the round trip is checked here.
   CHECK(kiln::cpu::gemm_have_cblas);
-  CHECK(kiln::cpu::current_gemm_backend() == kiln::cpu::gemm_backend::cblas);
+  const auto before = kiln::cpu::current_gemm_backend();
   kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::own);
   CHECK(kiln::cpu::current_gemm_backend() == kiln::cpu::gemm_backend::own);
   kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::cblas);
+  CHECK(kiln::cpu::current_gemm_backend() == kiln::cpu::gemm_backend::cblas);
+  kiln::cpu::set_gemm_backend(before);
 }
 #else
 TEST_CASE("gemm_backend is own without a CBLAS, and cblas is refused") {
@@ -263,14 +274,18 @@ TEST_CASE("gemm_backend is own without a CBLAS, and cblas is refused") {
 TEST_CASE("gemm: bad arguments throw with the values in the message") {
   using doctest::Contains;
   std::vector<float> a(64), b(64), c(64);
-  auto call = [&](trans ta, trans tb, index_t m, index_t n, index_t k, index_t lda, index_t ldb, index_t ldc,
-                  int threads = 1) {
-    kiln::cpu::gemm_own(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc, threads);
+  auto call = [&](trans ta, trans tb, index_t m, index_t n, index_t k, index_t lda, index_t ldb,
+                  index_t ldc, int threads = 1) {
+    kiln::cpu::gemm_own(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc,
+                        threads);
   };
-  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, -1, 2, 2, 2, 2, 2), Contains("m = -1"), kiln::ShapeError);
-  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 2, -3, 2, 2, 2), Contains("k = -3"), kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, -1, 2, 2, 2, 2, 2), Contains("m = -1"),
+                       kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 2, -3, 2, 2, 2), Contains("k = -3"),
+                       kiln::ShapeError);
   // A is m x k = 2 x 5 untransposed, k x m = 5 x 2 transposed.
-  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 4, 3, 3), Contains("lda = 4"), kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 4, 3, 3), Contains("lda = 4"),
+                       kiln::ShapeError);
   CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 4, 3, 3), Contains("lda must be >= 5"),
                        kiln::ShapeError);
   CHECK_THROWS_WITH_AS(call(trans::yes, trans::no, 2, 3, 5, 1, 3, 3), Contains("lda must be >= 2"),
@@ -279,16 +294,18 @@ TEST_CASE("gemm: bad arguments throw with the values in the message") {
   // B is k x n = 5 x 3 untransposed, n x k = 3 x 5 transposed.
   CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 5, 2, 3), Contains("ldb must be >= 3"),
                        kiln::ShapeError);
-  CHECK_THROWS_WITH_AS(call(trans::no, trans::yes, 2, 3, 5, 5, 3, 3), Contains("ldb = 3"), kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::yes, 2, 3, 5, 5, 3, 3), Contains("ldb = 3"),
+                       kiln::ShapeError);
   CHECK_NOTHROW(call(trans::no, trans::yes, 2, 3, 5, 5, 5, 3));
-  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 5, 3, 2), Contains("ldc = 2"), kiln::ShapeError);
+  CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 5, 3, 2), Contains("ldc = 2"),
+                       kiln::ShapeError);
   CHECK_THROWS_WITH_AS(call(trans::no, trans::no, 2, 3, 5, 5, 3, 3, -1), Contains("threads = -1"),
                        kiln::ValueError);
-  CHECK_THROWS_AS(kiln::cpu::gemm<float>(trans::no, trans::no, 2, 2, 2, 1.0f, nullptr, 2, b.data(), 2, 0.0f,
-                                         c.data(), 2),
+  CHECK_THROWS_AS(kiln::cpu::gemm<float>(trans::no, trans::no, 2, 2, 2, 1.0f, nullptr, 2, b.data(),
+                                         2, 0.0f, c.data(), 2),
                   kiln::ValueError);
   // The dispatching entry checks the same way whichever backend is chosen.
-  CHECK_THROWS_WITH_AS(kiln::cpu::gemm(trans::no, trans::no, 2, 3, 5, 1.0f, a.data(), 4, b.data(), 3, 0.0f,
-                                       c.data(), 3),
+  CHECK_THROWS_WITH_AS(kiln::cpu::gemm(trans::no, trans::no, 2, 3, 5, 1.0f, a.data(), 4, b.data(),
+                                       3, 0.0f, c.data(), 3),
                        Contains("kiln::cpu::gemm: lda = 4"), kiln::ShapeError);
 }

@@ -306,3 +306,31 @@ TEST_CASE("Sequential: sizes, fused Linear + activation, parameters, zero_grad, 
   CHECK(std::equal(params[0].value, params[0].value + params[0].size, pa[0].value));
   CHECK_FALSE(std::equal(params[0].value, params[0].value + params[0].size, po[0].value));
 }
+
+TEST_CASE("Flatten: identity for 2-D, one copy kernel each way for 4-D; Sequential from layer values") {
+  CpuExecutor exec;
+  Tape tape(exec);
+  auto x2 = filled<float>(3, 4, 21);
+  CHECK(nn::Flatten{}.forward(tape, x2).data() == x2.data());
+
+  Tensor<double, host, dyn, 2, 3, 2> t(4, 2, 3, 2);
+  for (index_t i = 0; i < t.size(); ++i) t.data()[i] = 0.1 * double(i) - 1.0;
+  ag::Var<double, host, dyn, 2, 3, 2> x4(std::move(t), true);
+  const auto before = exec.stats().launches();
+  auto flat = nn::Flatten{}.forward(tape, x4);
+  static_assert(std::is_same_v<decltype(flat), ag::Var<double, host, dyn, 12>>);
+  CHECK(exec.stats().launches() - before == 1);
+  CHECK(flat.shape() == Shape{4, 12});
+  CHECK(flat.value()(2, 7) == x4.value()(2, 1, 0, 1));
+  auto w = filled<double>(1, 12, 22, -1, 1, false);
+  tape.backward(ag::sum(tape, ag::map(tape, flat * w)));
+  CHECK(x4.grad()(3, 1, 0, 1) == w.value()(0, 7));
+
+  // A Sequential built from layer values (a custom dropout probability and seed).
+  nn::Sequential<nn::Linear<12, 5>, nn::Dropout, nn::Sigmoid> seq(nn::Linear<12, 5>(3), nn::Dropout(0.2, 99),
+                                                                  nn::Sigmoid{});
+  CHECK(seq.layer<1>().p() == 0.2);
+  CHECK(seq.layer<1>().seed() == 99);
+  auto y = seq.forward(tape, filled<float>(2, 12, 23));
+  CHECK(y.shape() == Shape{2, 5});
+}

@@ -80,4 +80,37 @@ class Linear {
   [[no_unique_address]] std::conditional_t<Bias, ag::Var<T, host, Out>, std::nullptr_t> bias_{};
 };
 
+// Flatten: [B, d1, d2, ...] -> [B, d1 * d2 * ...] for a following Linear. A rank-2 input is
+// returned as it is (no kernel); higher ranks are copied (ONE kernel forward, ONE backward),
+// because a variable owns its storage.
+struct Flatten {
+  template <class Exec, class T, class S, index_t D0, index_t... Rest>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, D0, Rest...>& x) const {
+    if constexpr (sizeof...(Rest) <= 1) {
+      return x;
+    } else {
+      constexpr index_t cols = ((Rest == dyn) || ...) ? dyn : (Rest * ...);
+      using V = ag::Var<T, S, D0, cols>;
+      const index_t rows = x.dim(0), n = x.value().size(), c = rows > 0 ? n / rows : 0;
+      V out{typename V::tensor_type(Shape{rows, c})};
+      const T* X = x.value().data();
+      T* Y = out.value().data();
+      tape.exec().for_each_element(1, n, [=](index_t, index_t i) { Y[i] = X[i]; }, kind::copy, "flatten",
+                                   std::size_t(n) * sizeof(T) * 2);
+      if (!x.requires_grad() || !tape.recording()) return out;
+      out.set_requires_grad(true);
+      tape.record([xd = x.data(), od = out.data(), n](Exec& exec) {
+        if (!od->grad_valid || !xd->requires_grad) return;
+        const bool add = xd->grad_valid;
+        T* dx = xd->ensure_grad();
+        const T* G = od->grad.data();
+        exec.for_each_element(1, n, [=](index_t, index_t i) { detail::put_grad(dx[i], G[i], add); }, kind::copy,
+                              "flatten_backward", std::size_t(n) * sizeof(T) * 2);
+        xd->grad_valid = true;
+      });
+      return out;
+    }
+  }
+};
+
 }  // namespace kiln::nn

@@ -28,16 +28,16 @@ struct Parameter {
   ag::VarNode* node = nullptr;
 };
 
-// The Parameter of a variable. Allocates its gradient buffer (zero-filled, so an optimizer that
-// steps before any backward reads zeros) without marking it valid (set-to-none semantics).
+// The Parameter of a variable. Allocates its gradient buffer and, while it holds no valid
+// gradient, zero-fills it (an optimizer that steps before any backward reads zeros) without
+// marking it valid (set-to-none semantics: the next backward writes it).
 // ensures: the pointers stay valid while the variable keeps its shape.
 template <class T, class S, index_t... D>
 Parameter<T> parameter_of(const ag::Var<T, S, D...>& v) {
   auto& d = *v.data();
-  const bool fresh = !(d.grad.shape() == d.value.shape()) || d.grad.data() == nullptr;
   T* g = d.ensure_grad();
   if constexpr (std::is_same_v<S, host>)
-    if (fresh && !d.grad_valid) std::fill(g, g + d.value.size(), T(0));
+    if (!d.grad_valid) std::fill(g, g + d.value.size(), T(0));
   return {d.value.data(), g, d.value.size(), &d};
 }
 

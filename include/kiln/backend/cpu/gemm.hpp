@@ -47,7 +47,8 @@ inline constexpr bool gemm_have_cblas =
 
 namespace detail {
 inline std::atomic<gemm_backend>& gemm_backend_setting() {
-  static std::atomic<gemm_backend> setting{gemm_have_cblas ? gemm_backend::cblas : gemm_backend::own};
+  static std::atomic<gemm_backend> setting{gemm_have_cblas ? gemm_backend::cblas
+                                                           : gemm_backend::own};
   return setting;
 }
 }  // namespace detail
@@ -69,8 +70,8 @@ using gemm_acc_t = typename detail::gemm_types<T>::acc;
 
 namespace detail {
 template <class T>
-void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m, index_t n, index_t k,
-                   gemm_acc_t<T> alpha, const T* a, index_t lda, const T* b, index_t ldb,
+void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m, index_t n,
+                   index_t k, gemm_acc_t<T> alpha, const T* a, index_t lda, const T* b, index_t ldb,
                    gemm_acc_t<T> beta, gemm_acc_t<T>* c, index_t ldc, int threads) {
   const bool at = ta == trans::yes, bt = tb == trans::yes;
   check_gemm_args(fn, at, bt, m, n, k, a, lda, b, ldb, c, ldc, threads);
@@ -84,9 +85,10 @@ void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m
 #else
   (void)use_cblas;
 #endif
-  // op(A)(i, p) = a[i * a_rs + p * a_cs], op(B)(p, j) = b[p * b_ks + j * b_js], C(i, j) = c[i * ldc + j].
-  gemm_blocked(gemm_problem<T, gemm_acc_t<T>>{m, n, k, alpha, beta, a, at ? 1 : lda, at ? lda : 1, b,
-                                               bt ? 1 : ldb, bt ? ldb : 1, c, ldc, 1},
+  // op(A)(i, p) = a[i * a_rs + p * a_cs], op(B)(p, j) = b[p * b_ks + j * b_js], C(i, j) = c[i * ldc
+  // + j].
+  gemm_blocked(gemm_problem<T, gemm_acc_t<T>>{m, n, k, alpha, beta, a, at ? 1 : lda, at ? lda : 1,
+                                              b, bt ? 1 : ldb, bt ? ldb : 1, c, ldc, 1},
                threads);
 }
 }  // namespace detail
@@ -99,10 +101,10 @@ void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m
 // Steady state allocates nothing: packing buffers are reused per calling thread.
 template <class T>
 void gemm_own(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alpha, const T* a,
-              index_t lda, const T* b, index_t ldb, gemm_acc_t<T> beta, gemm_acc_t<T>* c, index_t ldc,
-              int threads = 0) {
-  detail::gemm_dispatch("kiln::cpu::gemm_own", false, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                        ldc, threads);
+              index_t lda, const T* b, index_t ldb, gemm_acc_t<T> beta, gemm_acc_t<T>* c,
+              index_t ldc, int threads = 0) {
+  detail::gemm_dispatch("kiln::cpu::gemm_own", false, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta,
+                        c, ldc, threads);
 }
 
 // Same contract as gemm_own; float/double go to CBLAS when current_gemm_backend() is cblas (with
@@ -111,8 +113,8 @@ template <class T>
 void gemm(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alpha, const T* a,
           index_t lda, const T* b, index_t ldb, gemm_acc_t<T> beta, gemm_acc_t<T>* c, index_t ldc,
           int threads = 0) {
-  detail::gemm_dispatch("kiln::cpu::gemm", current_gemm_backend() == gemm_backend::cblas, ta, tb, m, n,
-                        k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
+  detail::gemm_dispatch("kiln::cpu::gemm", current_gemm_backend() == gemm_backend::cblas, ta, tb, m,
+                        n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
 }
 
 }  // namespace kiln::cpu

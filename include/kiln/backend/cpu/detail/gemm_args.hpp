@@ -46,16 +46,16 @@ inline const char* yes_no(bool t) { return t ? "yes" : "no"; }
 inline void check_gemm_args(const char* fn, bool ta, bool tb, index_t m, index_t n, index_t k,
                             const void* a, index_t lda, const void* b, index_t ldb, const void* c,
                             index_t ldc, int threads) {
-  KILN_CHECK(m >= 0 && n >= 0 && k >= 0, ShapeError, fn, ": sizes must not be negative, got m = ", m,
-             ", n = ", n, ", k = ", k);
+  KILN_CHECK(m >= 0 && n >= 0 && k >= 0, ShapeError, fn,
+             ": sizes must not be negative, got m = ", m, ", n = ", n, ", k = ", k);
   // Row-major: a matrix stored as R x L needs ld >= L (ld is not read when L == 0).
   const index_t a_len = ta ? m : k, b_len = tb ? k : n;
   KILN_CHECK(lda >= a_len, ShapeError, fn, ": lda = ", lda, " is too small: with ta = ", yes_no(ta),
-             " A is stored as ", ta ? k : m, " x ", a_len, " (", ta ? "k x m" : "m x k", ", m = ", m,
-             ", k = ", k, "), so lda must be >= ", a_len);
+             " A is stored as ", ta ? k : m, " x ", a_len, " (", ta ? "k x m" : "m x k",
+             ", m = ", m, ", k = ", k, "), so lda must be >= ", a_len);
   KILN_CHECK(ldb >= b_len, ShapeError, fn, ": ldb = ", ldb, " is too small: with tb = ", yes_no(tb),
-             " B is stored as ", tb ? n : k, " x ", b_len, " (", tb ? "n x k" : "k x n", ", k = ", k,
-             ", n = ", n, "), so ldb must be >= ", b_len);
+             " B is stored as ", tb ? n : k, " x ", b_len, " (", tb ? "n x k" : "k x n",
+             ", k = ", k, ", n = ", n, "), so ldb must be >= ", b_len);
   KILN_CHECK(ldc >= n, ShapeError, fn, ": ldc = ", ldc, " is too small: C is m x n = ", m, " x ", n,
              ", so ldc must be >= ", n);
   KILN_CHECK(a || m * k == 0, ValueError, fn, ": A is null but op(A) is ", m, " x ", k);

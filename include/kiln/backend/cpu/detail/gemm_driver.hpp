@@ -46,7 +46,7 @@ class gemm_workspace {
   void* get(std::size_t bytes) {
     if (bytes > bytes_) {
       release();
-      data_ = ::operator new(bytes, std::align_val_t{64});
+      data_ = ::operator new (bytes, std::align_val_t{64});
       bytes_ = bytes;
     }
     return data_;
@@ -59,7 +59,7 @@ class gemm_workspace {
 
  private:
   void release() {
-    if (data_) ::operator delete(data_, std::align_val_t{64});
+    if (data_) ::operator delete (data_, std::align_val_t{64});
     data_ = nullptr;
     bytes_ = 0;
   }
@@ -124,7 +124,8 @@ struct gemm_problem {
 // The same product written as C^T = op(B)^T op(A)^T.
 template <class T, class Acc>
 gemm_problem<T, Acc> transposed(const gemm_problem<T, Acc>& g) {
-  return {g.n, g.m, g.k, g.alpha, g.beta, g.b, g.b_js, g.b_ks, g.a, g.a_cs, g.a_rs, g.c, g.c_cs, g.c_rs};
+  return {g.n,    g.m, g.k,    g.alpha, g.beta, g.b,    g.b_js,
+          g.b_ks, g.a, g.a_cs, g.a_rs,  g.c,    g.c_cs, g.c_rs};
 }
 
 // Share of the multiply-adds that land in C rather than in the zero padding of partial tiles.
@@ -166,8 +167,8 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, Acc* bbuf, A
       const item_range mine = split_range(npanels, team, tid);
       if (mine.begin < mine.end) {
         const index_t col0 = mine.begin * NR;
-        pack_panels<NR>(std::min(nc, mine.end * NR) - col0, kc, g.b + pc * g.b_ks + (jc + col0) * g.b_js,
-                        g.b_js, g.b_ks, bbuf + col0 * kc);
+        pack_panels<NR>(std::min(nc, mine.end * NR) - col0, kc,
+                        g.b + pc * g.b_ks + (jc + col0) * g.b_js, g.b_js, g.b_ks, bbuf + col0 * kc);
       }
 #ifdef _OPENMP
       if (team > 1) {
@@ -187,8 +188,8 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, Acc* bbuf, A
           Acc* cj = g.c + ic * g.c_rs + (jc + jp * NR) * g.c_cs;
           for (index_t ip = 0; ip * MR < mc; ++ip) {
             const int mr = static_cast<int>(std::min<index_t>(MR, mc - ip * MR));
-            microkernel(kc, abuf + ip * MR * kc, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha, beta, mr,
-                        nr);
+            microkernel(kc, abuf + ip * MR * kc, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha,
+                        beta, mr, nr);
           }
         }
       }
@@ -221,12 +222,13 @@ void gemm_blocked(gemm_problem<T, Acc> g, int threads) {
   plan.nc = std::min(blk::nc, round_up(g.n, NR));
   plan.kc = ceil_div(g.k, ceil_div(g.k, blk::kc));  // e.g. k = 400 -> 2 x 200, not 256 + 144
   plan.mblocks = ceil_div(g.m, blk::mc);
-  if (team > 1) {
-    // Enough ic blocks for every thread when m allows it; otherwise split the columns too.
-    plan.mblocks = std::min(round_up(plan.mblocks, team), ceil_div(g.m, MR));
-    plan.nsplit = plan.mblocks >= team ? 1 : ceil_div(team, plan.mblocks);
-  } else {
-    plan.nsplit = 1;
+  plan.nsplit = 1;
+  if (team > 1 && plan.mblocks >= team) {
+    plan.mblocks = round_up(plan.mblocks, team);  // equal row blocks, one set per thread
+  } else if (team > 1) {
+    // Too few rows for a block each: threads share a row block (each packs it) and split its
+    // columns, which divide evenly down to single panels.
+    plan.nsplit = ceil_div(team, plan.mblocks);
   }
   plan.mc = round_up(ceil_div(g.m, plan.mblocks), MR);
   plan.mblocks = ceil_div(g.m, plan.mc);
@@ -235,8 +237,8 @@ void gemm_blocked(gemm_problem<T, Acc> g, int threads) {
   constexpr index_t align = 64 / sizeof(Acc);
   const index_t b_len = round_up(plan.kc * plan.nc, align);
   const index_t a_len = round_up(plan.kc * plan.mc, align);
-  Acc* ws = static_cast<Acc*>(
-      gemm_workspace::this_thread().get(static_cast<std::size_t>(b_len + a_len * team) * sizeof(Acc)));
+  Acc* ws = static_cast<Acc*>(gemm_workspace::this_thread().get(
+      static_cast<std::size_t>(b_len + a_len * team) * sizeof(Acc)));
 
 #ifdef _OPENMP
   if (team > 1) {

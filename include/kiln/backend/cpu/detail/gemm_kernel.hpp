@@ -11,6 +11,7 @@
 #error "kiln/backend/cpu/detail/gemm_kernel.hpp is internal: include <kiln/backend/cpu/gemm.hpp>"
 #endif
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kiln/config.hpp"
@@ -69,8 +70,8 @@ struct gemm_blocking<double> {
 // c[r * rs_c + j * cs_c]; beta == 0 does not read C. The slow path for tiles the vector stores
 // do not cover.
 template <int NR, class Acc>
-inline void store_tile(const Acc* KILN_RESTRICT tile, Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c,
-                       Acc beta, int mr, int nr) {
+inline void store_tile(const Acc* KILN_RESTRICT tile, Acc* KILN_RESTRICT c, index_t rs_c,
+                       index_t cs_c, Acc beta, int mr, int nr) {
   for (int r = 0; r < mr; ++r) {
     for (int j = 0; j < nr; ++j) {
       Acc& x = c[r * rs_c + j * cs_c];
@@ -102,7 +103,7 @@ struct avx_ops<float> {
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
   // Lanes [0, n) selected; n outside [0, lanes] is clamped.
   static __m256i mask(index_t n) {
-    const int c = static_cast<int>(n < 0 ? 0 : n > lanes ? lanes : n);
+    const int c = static_cast<int>(std::clamp<index_t>(n, 0, lanes));
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
   static vec maskload(const float* p, __m256i m) { return _mm256_maskload_ps(p, m); }
@@ -133,7 +134,7 @@ struct avx_ops<double> {
   static vec mul(vec a, vec b) { return _mm256_mul_pd(a, b); }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_pd(a, b, c); }
   static __m256i mask(index_t n) {
-    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(n < 0 ? 0 : n > lanes ? lanes : n),
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(std::clamp<index_t>(n, 0, lanes)),
                               _mm256_setr_epi64x(0, 1, 2, 3));
   }
   static vec maskload(const double* p, __m256i m) { return _mm256_maskload_pd(p, m); }
@@ -158,7 +159,8 @@ inline void update_c_row(Acc* cr, const typename avx_ops<Acc>::vec (&x)[NV], Acc
   for (int v = 0; v < NV; ++v) {
     Acc* p = cr + v * ops::lanes;
     typename ops::vec y = x[v];
-    if (beta != Acc(0)) y = ops::fma(ops::set1(beta), Masked ? ops::maskload(p, mask[v]) : ops::loadu(p), y);
+    if (beta != Acc(0))
+      y = ops::fma(ops::set1(beta), Masked ? ops::maskload(p, mask[v]) : ops::loadu(p), y);
     if constexpr (Masked) {
       ops::maskstore(p, mask[v], y);
     } else {
@@ -191,13 +193,14 @@ inline void transpose8x8(__m256 r[8]) {
 // float transposes in registers so each C row takes one short store; double, rarely narrow
 // in practice, goes through memory.
 template <class Acc, int MR, int NV>
-inline void store_tile_transposed(const typename avx_ops<Acc>::vec (&acc)[MR][NV], Acc* c, index_t ldc,
-                                  Acc beta, int mr, int nr) {
+inline void store_tile_transposed(const typename avx_ops<Acc>::vec (&acc)[MR][NV], Acc* c,
+                                  index_t ldc, Acc beta, int mr, int nr) {
   using ops = avx_ops<Acc>;
   if constexpr (std::is_same_v<Acc, float> && MR == 6) {
     const __m256i rows = ops::mask(mr);
     for (int v = 0; v < NV; ++v) {
-      __m256 t[8] = {acc[0][v], acc[1][v], acc[2][v], acc[3][v], acc[4][v], acc[5][v], ops::zero(), ops::zero()};
+      __m256 t[8] = {acc[0][v], acc[1][v], acc[2][v],   acc[3][v],
+                     acc[4][v], acc[5][v], ops::zero(), ops::zero()};
       transpose8x8(t);
       for (int q = 0; q < 8 && v * 8 + q < nr; ++q) {
         float* p = c + (v * 8 + q) * ldc;
@@ -224,8 +227,8 @@ inline void store_tile_transposed(const typename avx_ops<Acc>::vec (&acc)[MR][NV
 // requires: ap holds kc x MR and bp kc x NR packed values, bp 32-byte aligned; mr <= MR, nr <= NR.
 template <class Acc>
 inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
-                        Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta, int mr,
-                        int nr) {
+                        Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta,
+                        int mr, int nr) {
   using ops = avx_ops<Acc>;
   using vec = typename ops::vec;
   constexpr int MR = gemm_blocking<Acc>::mr;
@@ -240,12 +243,14 @@ inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN
 
   // Touch the C tile early so its lines arrive while the k loop runs.
   if (cs_c == 1) {
-    for (int r = 0; r < mr; ++r) _mm_prefetch(reinterpret_cast<const char*>(c + r * rs_c), _MM_HINT_T0);
+    for (int r = 0; r < mr; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(c + r * rs_c), _MM_HINT_T0);
   } else {
-    for (int j = 0; j < nr; ++j) _mm_prefetch(reinterpret_cast<const char*>(c + j * cs_c), _MM_HINT_T0);
+    for (int j = 0; j < nr; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(c + j * cs_c), _MM_HINT_T0);
   }
 
-KILN_GEMM_UNROLL_K
+  KILN_GEMM_UNROLL_K
   for (index_t p = 0; p < kc; ++p) {
     const vec b0 = ops::load(bp), b1 = ops::load(bp + ops::lanes);
     vec ai = ops::bcast(ap + 0);
@@ -271,9 +276,10 @@ KILN_GEMM_UNROLL_K
   }
 
   const vec va = ops::set1(alpha);
-  const vec acc[MR][NV] = {{ops::mul(va, c00), ops::mul(va, c01)}, {ops::mul(va, c10), ops::mul(va, c11)},
-                           {ops::mul(va, c20), ops::mul(va, c21)}, {ops::mul(va, c30), ops::mul(va, c31)},
-                           {ops::mul(va, c40), ops::mul(va, c41)}, {ops::mul(va, c50), ops::mul(va, c51)}};
+  const vec acc[MR][NV] = {
+      {ops::mul(va, c00), ops::mul(va, c01)}, {ops::mul(va, c10), ops::mul(va, c11)},
+      {ops::mul(va, c20), ops::mul(va, c21)}, {ops::mul(va, c30), ops::mul(va, c31)},
+      {ops::mul(va, c40), ops::mul(va, c41)}, {ops::mul(va, c50), ops::mul(va, c51)}};
   if (cs_c != 1) {
     store_tile_transposed<Acc>(acc, c, cs_c, beta, mr, nr);
   } else if (nr == NR) {
@@ -293,8 +299,8 @@ KILN_GEMM_UNROLL_K
 
 template <class Acc>
 inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
-                        Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta, int mr,
-                        int nr) {
+                        Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta,
+                        int mr, int nr) {
   constexpr int MR = gemm_blocking<Acc>::mr;
   constexpr int NR = gemm_blocking<Acc>::nr;
   Acc tile[MR * NR] = {};

@@ -45,17 +45,20 @@ inline void pack_panel_contiguous(index_t kc, const Acc* src, index_t cs, index_
       const Acc* s = src + p * cs;
       Acc* d = dst + p * R;
       (ops::template store_first<std::min(W, R - V * W)>(
-           d + V * W, Full && R - V * W >= W ? ops::loadu(s + V * W) : ops::maskload(s + V * W, masks[V])),
+           d + V * W,
+           Full && R - V * W >= W ? ops::loadu(s + V * W) : ops::maskload(s + V * W, masks[V])),
        ...);
     }
-  }(std::make_integer_sequence<int, (R + W - 1) / W>{});
+  }
+  (std::make_integer_sequence<int, (R + W - 1) / W>{});
 }
 
 // One panel of R rows (`live` of them real, the rest zero) that are contiguous along k
 // (cs == 1): the transposing case, which otherwise costs a scalar load and store per value.
 // Handles p in [0, kc - kc % W); returns how far it got so the caller finishes the tail.
 template <int R>
-inline index_t pack_panel_transposed(index_t kc, const float* src, index_t rs, index_t live, float* dst) {
+inline index_t pack_panel_transposed(index_t kc, const float* src, index_t rs, index_t live,
+                                     float* dst) {
   static_assert(R % 8 == 0 || R == 6, "float transposing pack handles R = 8n or 6");
   const index_t kc8 = kc - kc % 8;
   for (index_t p = 0; p < kc8; p += 8) {
@@ -81,7 +84,8 @@ inline index_t pack_panel_transposed(index_t kc, const float* src, index_t rs, i
 }
 
 template <int R>
-inline index_t pack_panel_transposed(index_t kc, const double* src, index_t rs, index_t live, double* dst) {
+inline index_t pack_panel_transposed(index_t kc, const double* src, index_t rs, index_t live,
+                                     double* dst) {
   static_assert(R % 4 == 0 || R == 6, "double transposing pack handles R = 4n or 6");
   const index_t kc4 = kc - kc % 4;
   for (index_t p = 0; p < kc4; p += 4) {
@@ -110,8 +114,8 @@ inline index_t pack_panel_transposed(index_t kc, const double* src, index_t rs, 
 // Packs `rows` x kc values (see the file comment) into ceil(rows / R) panels at dst.
 // requires: dst has room for ceil(rows / R) * R * kc values.
 template <int R, class T, class Acc>
-inline void pack_panels(index_t rows, index_t kc, const T* KILN_RESTRICT src, index_t rs, index_t cs,
-                        Acc* KILN_RESTRICT dst) {
+inline void pack_panels(index_t rows, index_t kc, const T* KILN_RESTRICT src, index_t rs,
+                        index_t cs, Acc* KILN_RESTRICT dst) {
   for (index_t r0 = 0; r0 < rows; r0 += R, src += R * rs, dst += R * kc) {
     const index_t live = rows - r0 < R ? rows - r0 : R;
     if (rs == 1) {
