@@ -35,22 +35,28 @@ inline void transpose4x4(__m256d r[4]) {
 // One panel whose R rows are contiguous (rs == 1): dst[p][r] = src[p * cs + r] for r < live,
 // zero above. Masked loads read exactly the live values (never past the matrix) and bring the
 // zeros of the padding rows with them; Full (live == R) loads whole vectors without masks.
-template <int R, bool Full, class Acc>
-inline void pack_panel_contiguous(index_t kc, const Acc* src, index_t cs, index_t live, Acc* dst) {
+// V... numbers the vectors of a panel row (R = 16 floats: 0, 1; R = 6 doubles: 0, 1).
+template <int R, bool Full, class Acc, int... V>
+inline void pack_panel_contiguous(index_t kc, const Acc* src, index_t cs, index_t live, Acc* dst,
+                                  std::integer_sequence<int, V...>) {
   using ops = avx_ops<Acc>;
   constexpr int W = ops::lanes;
-  [&]<int... V>(std::integer_sequence<int, V...>) {
-    const __m256i masks[] = {ops::mask(Full ? R - V * W : live - V * W)...};
-    for (index_t p = 0; p < kc; ++p) {
-      const Acc* s = src + p * cs;
-      Acc* d = dst + p * R;
-      (ops::template store_first<std::min(W, R - V * W)>(
-           d + V * W,
-           Full && R - V * W >= W ? ops::loadu(s + V * W) : ops::maskload(s + V * W, masks[V])),
-       ...);
-    }
+  const __m256i masks[] = {ops::mask(Full ? R - V * W : live - V * W)...};
+  for (index_t p = 0; p < kc; ++p) {
+    const Acc* s = src + p * cs;
+    Acc* d = dst + p * R;
+    (ops::template store_first<std::min(W, R - V * W)>(
+         d + V * W,
+         Full && R - V * W >= W ? ops::loadu(s + V * W) : ops::maskload(s + V * W, masks[V])),
+     ...);
   }
-  (std::make_integer_sequence<int, (R + W - 1) / W>{});
+}
+
+template <int R, bool Full, class Acc>
+inline void pack_panel_contiguous(index_t kc, const Acc* src, index_t cs, index_t live, Acc* dst) {
+  constexpr int W = avx_ops<Acc>::lanes;
+  pack_panel_contiguous<R, Full>(kc, src, cs, live, dst,
+                                 std::make_integer_sequence<int, (R + W - 1) / W>{});
 }
 
 // One panel of R rows (`live` of them real, the rest zero) that are contiguous along k
@@ -70,13 +76,7 @@ inline index_t pack_panel_transposed(index_t kc, const float* src, index_t rs, i
       }
       transpose8x8(r);
       for (int q = 0; q < 8; ++q) {
-        float* d = dst + (p + q) * R + g * 8;
-        if constexpr (R % 8 == 0) {
-          _mm256_store_ps(d, r[q]);
-        } else {
-          _mm_storeu_ps(d, _mm256_castps256_ps128(r[q]));
-          _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(r[q], 1));
-        }
+        avx_ops<float>::store_first<(R % 8 == 0 ? 8 : 6)>(dst + (p + q) * R + g * 8, r[q]);
       }
     }
   }
