@@ -504,6 +504,26 @@ TEST_CASE("rank-3 transposed views can be evaluated (copied to a contiguous tens
   for (index_t i = 0; i < 2; ++i)
     for (index_t j = 0; j < 4; ++j)
       for (index_t k = 0; k < 3; ++k) CHECK(b(i, j, k) == a(i, k, j));
+  // And as a destination.
+  kiln::Tensor<float, host, dyn, dyn, dyn> c(2, 3, 4);
+  REQUIRE_NOTHROW(kiln::assign(kiln::transpose(c.view()), b * 2, exec));
+  for (index_t i = 0; i < c.size(); ++i) CHECK(c.data()[i] == 2 * a.data()[i]);
+}
+
+TEST_CASE("a matrix assigned to a [1, R, C] destination (a missing leading dimension of size 1)") {
+  kiln::CpuExecutor exec;
+  Mat<float> x(3, 4);
+  for (index_t i = 0; i < 12; ++i) x.data()[i] = float(i);
+  kiln::Tensor<float, host, dyn, dyn, dyn> y(1, 3, 4);
+  // Strided, so the evaluator folds the leading dimensions (the contiguous case is flat).
+  Mat<float> xt(4, 3);
+  kiln::assign(xt, kiln::transpose(x.view()), exec);
+  REQUIRE_NOTHROW(kiln::assign(y, kiln::transpose(xt.view()) * 2, exec));
+  for (index_t r = 0; r < 3; ++r)
+    for (index_t c = 0; c < 4; ++c) CHECK(y(0, r, c) == 2 * x(r, c));
+  REQUIRE_NOTHROW(kiln::assign(y, x + kiln::transpose(xt.view()), exec));
+  for (index_t r = 0; r < 3; ++r)
+    for (index_t c = 0; c < 4; ++c) CHECK(y(0, r, c) == 2 * x(r, c));
 }
 
 TEST_CASE_TEMPLATE("in-place updates read each element before writing it", T, float, double) {

@@ -44,7 +44,13 @@ struct Shape {
   }
   // The 2-D fold every elementwise kernel iterates over: all leading dims are rows.
   constexpr index_t cols() const { return rank == 0 ? 1 : dims[std::size_t(rank - 1)]; }
-  constexpr index_t rows() const { return rank <= 1 ? 1 : size() / (cols() == 0 ? 1 : cols()); }
+  // The product of the leading dimensions (also when the last one is 0: rows of length zero
+  // are still rows, and a reduction over the last axis writes one result for each).
+  constexpr index_t rows() const {
+    index_t r = 1;
+    for (int i = 0; i + 1 < rank; ++i) r *= dims[std::size_t(i)];
+    return r;
+  }
 
   friend constexpr bool operator==(const Shape& a, const Shape& b) {
     if (a.rank != b.rank) return false;

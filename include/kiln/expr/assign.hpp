@@ -47,6 +47,17 @@ void check_alias(const D& dst, const V& leaf) {
              "already overwritten: assign into a separate tensor");
 }
 
+// For kernels that write an element before they have read every input element at other
+// positions (reductions over the last axis write row r, then read row r + 1): any overlap.
+template <class D, class V>
+void check_no_overlap(const D& dst, const V& leaf) {
+  const auto [dl, dh] = byte_range(dst);
+  const auto [ll, lh] = byte_range(leaf);
+  KILN_CHECK(dl == nullptr || ll == nullptr || lh <= dl || dh <= ll, AliasError, "the destination (shape ",
+             dst.shape().str(), ") of a reduction overlaps its operand of shape ", leaf.shape().str(),
+             "; rows written first would be read again: reduce into a separate tensor");
+}
+
 template <class X>
 auto as_dst_view(X&& x) {
   using D = std::remove_cvref_t<X>;

@@ -8,6 +8,7 @@
 // them by value.
 #pragma once
 
+#include <array>
 #include <type_traits>
 
 #include "kiln/config.hpp"
@@ -23,6 +24,10 @@ class Evaluator;
 struct LeafStrides {
   index_t rs = 0, cs = 0;
   bool flat = false;
+  // Leading dimensions one stride cannot walk (a transposed rank-3 view): their sizes and
+  // strides, innermost first, and how many there are (0 when rs walks the rows).
+  int nlead = 0;
+  std::array<index_t, max_rank - 1> lead_dims{}, lead_strides{};
 };
 
 inline LeafStrides fold_strides(const Shape& leaf, const std::array<index_t, max_rank>& st, bool contiguous,
@@ -49,17 +54,24 @@ inline LeafStrides fold_strides(const Shape& leaf, const std::array<index_t, max
     KILN_CHECK(all_equal, ShapeError, "broadcasting shape ", leaf.str(), " to ", dst.str(),
                " needs a stride per leading dimension; kiln's evaluators broadcast only a "
                "scalar, a row over rows or a column over columns");
+    // Dimensions the leaf lacks (k < 0) are 1 in dst here, like size-1 ones: they add no stride.
     index_t expect = -1;
+    bool even = true;
     for (int i = dst.rank - 2; i >= 0; --i) {
       const int k = i - off;
-      if (leaf[k] == 1) continue;
-      if (expect < 0) {
-        r.rs = st[std::size_t(k)];
-      } else {
-        KILN_CHECK(st[std::size_t(k)] == expect, ShapeError, "the leading dimensions of a view of shape ",
-                   leaf.str(), " are not evenly strided; copy it to a contiguous tensor first");
-      }
+      if (k < 0 || leaf[k] == 1) continue;
+      if (expect < 0) r.rs = st[std::size_t(k)];
+      else even = even && st[std::size_t(k)] == expect;
       expect = st[std::size_t(k)] * leaf[k];
+    }
+    if (!even) {  // decompose the row index per leading dimension instead
+      for (int i = dst.rank - 2; i >= 0; --i) {
+        const int k = i - off;
+        if (k < 0 || leaf[k] == 1) continue;
+        r.lead_dims[std::size_t(r.nlead)] = leaf[k];
+        r.lead_strides[std::size_t(r.nlead)] = st[std::size_t(k)];
+        ++r.nlead;
+      }
     }
   }
   // A rank-0 view broadcast to a larger destination is not flat: p[i] would run past it.
@@ -76,15 +88,37 @@ class Evaluator<View<T, S, Ext>> {
     rs_ = l.rs;
     cs_ = l.cs;
     flat_ = l.flat;
+    nlead_ = l.nlead;
+    for (int i = 0; i < max_rank - 1; ++i) {  // unused dimensions: size 1, stride 0
+      lead_dims_[i] = i < l.nlead ? l.lead_dims[std::size_t(i)] : 1;
+      lead_strides_[i] = i < l.nlead ? l.lead_strides[std::size_t(i)] : 0;
+    }
   }
-  KILN_HOST_DEVICE value_type at(index_t r, index_t c) const { return convert<value_type>(p_[r * rs_ + c * cs_]); }
+  KILN_HOST_DEVICE value_type at(index_t r, index_t c) const {
+    return convert<value_type>(p_[row_offset(r) + c * cs_]);
+  }
   KILN_HOST_DEVICE value_type flat(index_t i) const { return convert<value_type>(p_[i]); }
   bool flat_ok() const { return flat_; }
 
  private:
+  // Views of rank <= 2 always fold to one row stride (so their kernels keep a branch-free,
+  // vectorisable column loop); only rank 3 and 4 can need the per-dimension decomposition,
+  // which is loop-free so the compiler can hoist it out of the column loop.
+  KILN_HOST_DEVICE index_t row_offset(index_t r) const {
+    if constexpr (Ext::rank <= 2) {
+      return r * rs_;
+    } else {
+      if (nlead_ == 0) return r * rs_;
+      const index_t q = r / lead_dims_[0];
+      return (r - q * lead_dims_[0]) * lead_strides_[0] + (q % lead_dims_[1]) * lead_strides_[1] +
+             (q / lead_dims_[1]) * lead_strides_[2];
+    }
+  }
   const std::remove_const_t<T>* p_;
   index_t rs_, cs_;
   bool flat_;
+  int nlead_;
+  index_t lead_dims_[max_rank - 1], lead_strides_[max_rank - 1];  // plain arrays: device code reads them
 };
 
 template <class T>

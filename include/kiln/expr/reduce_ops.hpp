@@ -68,7 +68,10 @@ struct ArgExtreme {
   template <class T> KILN_HOST_DEVICE static ValueIndex<T> merge(ValueIndex<T> a, ValueIndex<T> b) {
     if (a.i < 0) return b;
     if (b.i < 0) return a;
-    if (a.v != a.v) return a;  // the first NaN wins, as in PyTorch
+    // The first NaN wins, as in PyTorch. Both sides can hold one: the pairwise leaves merge
+    // interleaved lanes, so the left accumulator does not always hold the lower indices.
+    if (a.v != a.v && b.v != b.v) return b.i < a.i ? b : a;
+    if (a.v != a.v) return a;
     if (b.v != b.v) return b;
     const bool b_better = Greatest ? b.v > a.v : b.v < a.v;
     if (b_better || (b.v == a.v && b.i < a.i)) return b;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kiln/expr/assign.hpp"
 #include "kiln/expr/evaluator.hpp"
 #include "kiln/expr/lower.hpp"
 #include "kiln/expr/node.hpp"
@@ -68,6 +69,9 @@ struct Reduce : BoundaryNode {
                dst.shape().str());
     TempList<typename Exec::space> temps;
     auto l = lower<Stance>(a, exec, temps);
+    // A whole reduction writes after it has read everything; a per-row one does not.
+    if constexpr (Over != reduce_over::all)
+      for_each_view(l, [&](const auto& leaf) { detail::check_no_overlap(dst, leaf); });
     const Shape in = l.shape();
     Evaluator<decltype(l)> ev(l, in);
     exec.template reduce<Op>(dst.data(), ev, in.rows(), in.cols(), Over != reduce_over::all);

@@ -14,6 +14,7 @@
 #include "kiln/core/stats.hpp"
 #include "kiln/core/temp_pool.hpp"
 #include "kiln/core/view.hpp"
+#include "kiln/expr/evaluator.hpp"
 #include "kiln/backend/cpu/gemm.hpp"
 
 #if defined(_OPENMP)
@@ -79,20 +80,34 @@ class CpuExecutor {
       return;
     }
     const index_t rows = s.rows(), cols = s.cols();
-    const index_t drs = s.rank >= 2 ? dst.stride(s.rank - 2) : 0, dcs = s.rank >= 1 ? dst.stride(s.rank - 1) : 0;
-    check_collapsible(dst);
+    // The destination walks its 2-D fold like a leaf that is not broadcast.
+    const LeafStrides d = fold_strides(s, dst.strides(), false, s);
+    const index_t dcs = d.cs;
+    auto row_start = [&d](index_t r) {
+      if (d.nlead == 0) return r * d.rs;
+      index_t off = 0;
+      for (int i = 0; i < d.nlead; ++i) {
+        off += (r % d.lead_dims[std::size_t(i)]) * d.lead_strides[std::size_t(i)];
+        r /= d.lead_dims[std::size_t(i)];
+      }
+      return off;
+    };
     if (rows >= threads_ || rows * cols < grain) {
       parallel_for(rows, std::max<index_t>(1, grain / std::max<index_t>(cols, 1)), [&](index_t rb, index_t re) {
         const Ev local = ev;
-        for (index_t r = rb; r < re; ++r)
-          for (index_t c = 0; c < cols; ++c) out[r * drs + c * dcs] = convert<T>(local.at(r, c));
+        for (index_t r = rb; r < re; ++r) {
+          T* KILN_RESTRICT row = out + row_start(r);
+          for (index_t c = 0; c < cols; ++c) row[c * dcs] = convert<T>(local.at(r, c));
+        }
       });
     } else {  // few long rows: split the columns
-      for (index_t r = 0; r < rows; ++r)
+      for (index_t r = 0; r < rows; ++r) {
+        T* KILN_RESTRICT row = out + row_start(r);
         parallel_for(cols, grain, [&](index_t cb, index_t ce) {
           const Ev local = ev;
-          for (index_t c = cb; c < ce; ++c) out[r * drs + c * dcs] = convert<T>(local.at(r, c));
+          for (index_t c = cb; c < ce; ++c) row[c * dcs] = convert<T>(local.at(r, c));
         });
+      }
     }
   }
 
@@ -190,14 +205,6 @@ class CpuExecutor {
     if (e - b == 1) return p[b];
     const index_t mid = b + (e - b) / 2;
     return Op::merge(merge_tree<Op, T>(p, b, mid), merge_tree<Op, T>(p, mid, e));
-  }
-
-  template <class T, class Ext>
-  static void check_collapsible(const View<T, host, Ext>& v) {
-    const Shape& s = v.shape();
-    for (int i = s.rank - 3; i >= 0; --i)
-      KILN_CHECK(s[i] == 1 || s[i + 1] == 1 || v.stride(i) == v.stride(i + 1) * s[i + 1], ShapeError,
-                 "the destination view of shape ", s.str(), " is not evenly strided over its leading dimensions");
   }
 
   int threads_;

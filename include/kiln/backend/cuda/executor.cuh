@@ -16,6 +16,7 @@
 #include "kiln/core/stats.hpp"
 #include "kiln/core/temp_pool.hpp"
 #include "kiln/core/view.hpp"
+#include "kiln/expr/evaluator.hpp"
 
 namespace kiln::cu::kernels {
 
@@ -117,7 +118,10 @@ class CudaExecutor {
     if (ev.flat_ok() && dst.is_contiguous()) {
       cu::kernels::elementwise_flat<<<blocks(n), threads, 0, stream_>>>(dst.data(), ev, n);
     } else {
-      const index_t drs = s.rank >= 2 ? dst.stride(s.rank - 2) : 0, dcs = s.rank >= 1 ? dst.stride(s.rank - 1) : 0;
+      const LeafStrides d = fold_strides(s, dst.strides(), false, s);
+      KILN_CHECK(d.nlead == 0, ShapeError, "the CUDA executor writes destinations whose leading dimensions one "
+                 "stride walks; the view of shape ", s.str(), " is not such a view (copy through a contiguous tensor)");
+      const index_t drs = d.rs, dcs = d.cs;
       cu::kernels::elementwise_2d<<<blocks(n), threads, 0, stream_>>>(dst.data(), drs, dcs, ev, s.rows(), s.cols());
     }
     KILN_CUDA_CHECK(cudaGetLastError());
