@@ -253,7 +253,7 @@ TEST_CASE("gemm through CBLAS matches the reference") {
 }
 
 TEST_CASE("gemm_backend can be switched between own and cblas") {
-  // The default (cblas when the build has one) is what gemm() starts with; other suites in this
+  // The default (kiln's own kernel) is what gemm() starts with; other suites in this
   // binary may have switched it since, so only the round trip is checked here.
   CHECK(kiln::cpu::gemm_have_cblas);
   const auto before = kiln::cpu::current_gemm_backend();
