@@ -38,6 +38,10 @@ namespace kiln {
 // enough for any tensor one device holds.
 using index_t = std::int64_t;
 
+// A dependent false for static_asserts in templates that must not be instantiated.
+template <class...>
+inline constexpr bool dependent_false = false;
+
 inline constexpr int version_major = 0;
 inline constexpr int version_minor = 1;
 inline constexpr int version_patch = 0;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -815,4 +816,25 @@ TEST_CASE("subgradients at kinks follow PyTorch") {
   CHECK(fn::Sigmoid{}(-200.0) == doctest::Approx(std::exp(-200.0)).epsilon(1e-12));
   CHECK(fn::Sigmoid{}(-90.0f) > 0.0f);
   CHECK(fn::Sigmoid{}(200.0f) == 1.0f);
+}
+
+TEST_CASE("maximum, minimum and relu propagate NaN as PyTorch does") {
+  kiln::CpuExecutor exec;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  kiln::Tensor<float, kiln::host, 4> a, b, y;
+  a(0) = nan; a(1) = 1.f; a(2) = nan; a(3) = -2.f;
+  b(0) = 1.f; b(1) = nan; b(2) = nan; b(3) = 3.f;
+  kiln::assign(y, kiln::maximum(a, b), exec);
+  CHECK(std::isnan(y(0)));
+  CHECK(std::isnan(y(1)));
+  CHECK(std::isnan(y(2)));
+  CHECK(y(3) == 3.f);
+  kiln::assign(y, kiln::minimum(a, b), exec);
+  CHECK(std::isnan(y(0)));
+  CHECK(std::isnan(y(1)));
+  CHECK(y(3) == -2.f);
+  kiln::assign(y, kiln::relu(a), exec);
+  CHECK(std::isnan(y(0)));
+  CHECK(y(1) == 1.f);
+  CHECK(y(3) == 0.f);
 }

@@ -24,9 +24,6 @@ namespace kiln {
 
 namespace detail {
 
-template <class>
-inline constexpr bool dependent_false = false;
-
 KILN_HOST_DEVICE std::uint32_t bits_of(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, sizeof u);

@@ -3,6 +3,8 @@
 
 #include <type_traits>
 
+#include "kiln/config.hpp"
+
 namespace kiln {
 
 // Tag types (lower case, like std tags): where a tensor's bytes live.
@@ -15,9 +17,5 @@ struct cuda {
 
 template <class S>
 inline constexpr bool is_space_v = std::is_same_v<S, host> || std::is_same_v<S, cuda>;
-
-// A dependent false for static_asserts in templates that must not be instantiated.
-template <class...>
-inline constexpr bool dependent_false = false;
 
 }  // namespace kiln

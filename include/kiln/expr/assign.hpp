@@ -90,7 +90,8 @@ void assign(Dst&& dst, Src&& src, Exec& exec) {
   static_assert(std::is_same_v<typename D::space, typename Exec::space>,
                 "kiln: the executor runs in a different memory space than the destination tensor");
   using Space = common_space_t<typename D::space, typename E::space>;
-  static_assert(std::is_same_v<Space, typename Exec::space>);
+  static_assert(std::is_same_v<Space, typename Exec::space>,
+                "kiln: the expression's tensors live in a different memory space than the executor runs in");
   using Checked = broadcast_extents_t<typename D::extents_type, typename E::extents_type>;
   (void)sizeof(Checked);
 

@@ -4,11 +4,16 @@
 // dimensions are rows). A leaf maps (r, c) to memory through a row and a column stride; a
 // stride of 0 is how broadcasting works (scalar, a row vector over rows, a column over columns).
 // `flat(i)` is the fast path for when every leaf is contiguous and full-size: the CPU
-// executor's loop over it vectorises. Evaluators are trivially copyable, so CUDA kernels take
-// them by value.
+// executor's loop over it vectorises. `flat_packet<V>(i)` is the same path V elements at a time
+// (the CUDA executor's 16-byte loads): i is a multiple of V, and every leaf pointer is aligned
+// as `aligned(bytes)` checked on the host. Evaluators are trivially copyable, so CUDA kernels
+// take them by value.
 #pragma once
 
 #include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kiln/config.hpp"
@@ -19,6 +24,71 @@ namespace kiln {
 
 template <class E>
 class Evaluator;
+
+namespace detail {
+// A packet is aligned to its own size up to 16 bytes, so a 16-byte packet is one vector access.
+template <class T, int V>
+constexpr std::size_t packet_alignment() {
+  constexpr std::size_t b = sizeof(T) * std::size_t(V);
+  if constexpr ((b & (b - 1)) != 0 || b < alignof(T)) return alignof(T);
+  else return b < 16 ? b : 16;
+}
+}  // namespace detail
+
+// V consecutive elements as one value: what flat_packet returns and vector loads read.
+template <class T, int V>
+struct alignas(detail::packet_alignment<T, V>()) Packet {
+  static_assert(V >= 1, "kiln::Packet<T, V> needs V >= 1 lanes");
+  T v[V];
+};
+
+namespace detail {
+// Loads the packet at p, which is aligned to alignof(P). In device code a 16-byte packet is ONE
+// 128-bit load (an 8-byte one a 64-bit load) whatever its element type: the built-in vector
+// types guarantee the instruction, which a struct of eight halves alone does not.
+template <class P, class T>
+KILN_HOST_DEVICE P load_packet(const T* p) {
+  P r;
+#if KILN_DEVICE_PASS
+  if constexpr (sizeof(P) == 16 && alignof(P) == 16) {
+    const ::uint4 u = *reinterpret_cast<const ::uint4*>(p);
+    std::memcpy(&r, &u, sizeof r);
+  } else if constexpr (sizeof(P) == 8 && alignof(P) == 8) {
+    const ::uint2 u = *reinterpret_cast<const ::uint2*>(p);
+    std::memcpy(&r, &u, sizeof r);
+  } else {
+    r = *reinterpret_cast<const P*>(p);
+  }
+#else
+  std::memcpy(&r, p, sizeof r);
+#endif
+  return r;
+}
+
+// Stores a packet to q (aligned to alignof(P)), one vector store in device code like load_packet.
+template <class P, class T>
+KILN_HOST_DEVICE void store_packet(T* q, const P& x) {
+#if KILN_DEVICE_PASS
+  if constexpr (sizeof(P) == 16 && alignof(P) == 16) {
+    ::uint4 u;
+    std::memcpy(&u, &x, sizeof u);
+    *reinterpret_cast<::uint4*>(q) = u;
+  } else if constexpr (sizeof(P) == 8 && alignof(P) == 8) {
+    ::uint2 u;
+    std::memcpy(&u, &x, sizeof u);
+    *reinterpret_cast<::uint2*>(q) = u;
+  } else {
+    *reinterpret_cast<P*>(q) = x;
+  }
+#else
+  std::memcpy(q, &x, sizeof x);
+#endif
+}
+
+inline bool is_aligned(const void* p, std::size_t bytes) {
+  return bytes <= 1 || reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+}  // namespace detail
 
 // Leaf strides that reproduce `leaf` broadcast to `dst` in the 2-D fold, or a ShapeError.
 struct LeafStrides {
@@ -98,7 +168,21 @@ class Evaluator<View<T, S, Ext>> {
     return convert<value_type>(p_[row_offset(r) + c * cs_]);
   }
   KILN_HOST_DEVICE value_type flat(index_t i) const { return convert<value_type>(p_[i]); }
+  // Requires flat_ok(), i % V == 0 and aligned(alignof(Packet<element, V>)).
+  template <int V>
+  KILN_HOST_DEVICE Packet<value_type, V> flat_packet(index_t i) const {
+    using Stored = std::remove_const_t<T>;
+    const auto raw = detail::load_packet<Packet<Stored, V>>(p_ + i);
+    if constexpr (std::is_same_v<Stored, value_type>) {
+      return raw;
+    } else {
+      Packet<value_type, V> r;
+      for (int k = 0; k < V; ++k) r.v[k] = convert<value_type>(raw.v[k]);
+      return r;
+    }
+  }
   bool flat_ok() const { return flat_; }
+  bool aligned(std::size_t bytes) const { return detail::is_aligned(p_, bytes); }
 
  private:
   // Views of rank <= 2 always fold to one row stride (so their kernels keep a branch-free,
@@ -128,7 +212,14 @@ class Evaluator<Scalar<T>> {
   Evaluator(const Scalar<T>& s, const Shape&) : v_(convert<value_type>(s.value)) {}
   KILN_HOST_DEVICE value_type at(index_t, index_t) const { return v_; }
   KILN_HOST_DEVICE value_type flat(index_t) const { return v_; }
+  template <int V>
+  KILN_HOST_DEVICE Packet<value_type, V> flat_packet(index_t) const {
+    Packet<value_type, V> r;
+    for (int k = 0; k < V; ++k) r.v[k] = v_;
+    return r;
+  }
   bool flat_ok() const { return true; }
+  bool aligned(std::size_t) const { return true; }
 
  private:
   value_type v_;
@@ -141,7 +232,15 @@ class Evaluator<Unary<F, A>> {
   Evaluator(const Unary<F, A>& n, const Shape& dst) : f_(n.f), a_(n.a, dst) {}
   KILN_HOST_DEVICE value_type at(index_t r, index_t c) const { return f_(value_type(a_.at(r, c))); }
   KILN_HOST_DEVICE value_type flat(index_t i) const { return f_(value_type(a_.flat(i))); }
+  template <int V>
+  KILN_HOST_DEVICE Packet<value_type, V> flat_packet(index_t i) const {
+    const auto a = a_.template flat_packet<V>(i);
+    Packet<value_type, V> r;
+    for (int k = 0; k < V; ++k) r.v[k] = f_(value_type(a.v[k]));
+    return r;
+  }
   bool flat_ok() const { return a_.flat_ok(); }
+  bool aligned(std::size_t bytes) const { return a_.aligned(bytes); }
 
  private:
   F f_;
@@ -157,7 +256,16 @@ class Evaluator<Binary<F, A, B>> {
     return f_(value_type(a_.at(r, c)), value_type(b_.at(r, c)));
   }
   KILN_HOST_DEVICE value_type flat(index_t i) const { return f_(value_type(a_.flat(i)), value_type(b_.flat(i))); }
+  template <int V>
+  KILN_HOST_DEVICE Packet<value_type, V> flat_packet(index_t i) const {
+    const auto a = a_.template flat_packet<V>(i);
+    const auto b = b_.template flat_packet<V>(i);
+    Packet<value_type, V> r;
+    for (int k = 0; k < V; ++k) r.v[k] = f_(value_type(a.v[k]), value_type(b.v[k]));
+    return r;
+  }
   bool flat_ok() const { return a_.flat_ok() && b_.flat_ok(); }
+  bool aligned(std::size_t bytes) const { return a_.aligned(bytes) && b_.aligned(bytes); }
 
  private:
   F f_;
@@ -176,7 +284,17 @@ class Evaluator<Ternary<F, A, B, C>> {
   KILN_HOST_DEVICE value_type flat(index_t i) const {
     return f_(value_type(a_.flat(i)), value_type(b_.flat(i)), value_type(c_.flat(i)));
   }
+  template <int V>
+  KILN_HOST_DEVICE Packet<value_type, V> flat_packet(index_t i) const {
+    const auto a = a_.template flat_packet<V>(i);
+    const auto b = b_.template flat_packet<V>(i);
+    const auto c = c_.template flat_packet<V>(i);
+    Packet<value_type, V> r;
+    for (int k = 0; k < V; ++k) r.v[k] = f_(value_type(a.v[k]), value_type(b.v[k]), value_type(c.v[k]));
+    return r;
+  }
   bool flat_ok() const { return a_.flat_ok() && b_.flat_ok() && c_.flat_ok(); }
+  bool aligned(std::size_t bytes) const { return a_.aligned(bytes) && b_.aligned(bytes) && c_.aligned(bytes); }
 
  private:
   F f_;
@@ -192,7 +310,15 @@ class Evaluator<Cast<To, A>> {
   Evaluator(const Cast<To, A>& n, const Shape& dst) : a_(n.a, dst) {}
   KILN_HOST_DEVICE value_type at(index_t r, index_t c) const { return round(a_.at(r, c)); }
   KILN_HOST_DEVICE value_type flat(index_t i) const { return round(a_.flat(i)); }
+  template <int V>
+  KILN_HOST_DEVICE Packet<value_type, V> flat_packet(index_t i) const {
+    const auto a = a_.template flat_packet<V>(i);
+    Packet<value_type, V> r;
+    for (int k = 0; k < V; ++k) r.v[k] = round(a.v[k]);
+    return r;
+  }
   bool flat_ok() const { return a_.flat_ok(); }
+  bool aligned(std::size_t bytes) const { return a_.aligned(bytes); }
 
  private:
   template <class V>

@@ -89,7 +89,8 @@ struct Sigmoid {
 };
 struct Relu {
   static constexpr const char* name = "relu";
-  template <class T> KILN_HOST_DEVICE T operator()(T x) const { return x > T(0) ? x : T(0); }
+  // !(x <= 0) keeps NaN (PyTorch's relu propagates it).
+  template <class T> KILN_HOST_DEVICE T operator()(T x) const { return !(x <= T(0)) ? x : T(0); }
   template <class T> KILN_HOST_DEVICE T d(T x) const { return x > T(0) ? T(1) : T(0); }
 };
 // GELU, exact form: x·Φ(x).

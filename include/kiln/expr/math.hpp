@@ -28,14 +28,15 @@ KILN_MATH_UNARY(abs, fabsf, fabs)
 KILN_HOST_DEVICE float pow(float a, float b) { return ::powf(a, b); }
 KILN_HOST_DEVICE double pow(double a, double b) { return ::pow(a, b); }
 
-// Branch-free min / max that the CPU compiler vectorises; NaN handling follows `a < b`.
+// Branch-free min / max that the CPU compiler vectorises; a NaN in either operand propagates,
+// as in PyTorch's maximum / minimum.
 template <class T>
 KILN_HOST_DEVICE T min(T a, T b) {
-  return b < a ? b : a;
+  return (b < a || b != b) ? b : a;
 }
 template <class T>
 KILN_HOST_DEVICE T max(T a, T b) {
-  return a < b ? b : a;
+  return (a < b || b != b) ? b : a;
 }
 
 }  // namespace kiln::math

@@ -1,13 +1,23 @@
 // kiln/backend/cuda/executor.cuh — the CUDA executor: every elementwise assignment is ONE
 // grid-stride kernel templated on its evaluator; GEMMs go to cuBLASLt; reductions are block
 // reductions (CUB's BlockReduce) inside our own kernels, deterministic run to run.
+//
+// Elementwise kernels, by what the operands allow:
+//   packet — flat, every leaf and the destination 16-byte aligned, 2- or 4-byte elements: each
+//            thread loads and stores 16 bytes at a time (flat_packet), the last n % V elements
+//            one by one in the same launch;
+//   flat   — flat but misaligned (a view at an odd offset) or other element sizes;
+//   2-D    — strided or broadcast leaves, strided destinations.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <concepts>
+#include <cstddef>
 #include <cub/block/block_reduce.cuh>
 #include <string>
+#include <type_traits>
 
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/backend/cuda/cublaslt.cuh"
@@ -24,6 +34,22 @@ template <class T, class Ev>
 KILN_GLOBAL void elementwise_flat(T* out, Ev ev, index_t n) {
   for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
     out[i] = convert<T>(ev.flat(i));
+}
+
+// Packets p = first, first + stride, ... cover [0, n - n % V); the tail [n - n % V, n) goes
+// element by element. Requires out and every leaf aligned to alignof(Packet<., V>) (16 bytes).
+template <int V, class T, class Ev>
+KILN_GLOBAL void elementwise_packet(T* out, Ev ev, index_t n) {
+  const index_t first = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const index_t stride = index_t(gridDim.x) * blockDim.x;
+  const index_t packets = n / V;
+  for (index_t p = first; p < packets; p += stride) {
+    const auto in = ev.template flat_packet<V>(p * V);
+    Packet<T, V> o;
+    for (int k = 0; k < V; ++k) o.v[k] = convert<T>(in.v[k]);
+    kiln::detail::store_packet(out + p * V, o);
+  }
+  for (index_t i = packets * V + first; i < n; i += stride) out[i] = convert<T>(ev.flat(i));
 }
 
 template <class T, class Ev>
@@ -43,6 +69,19 @@ KILN_GLOBAL void for_each_element(K k, index_t rows, index_t cols) {
     k(r, i - r * cols);
   }
 }
+
+// C = beta * C over an [m, n] matrix with row stride ldc (a GEMM with k == 0); beta == 0
+// writes zeros without reading C, as BLAS does.
+template <class C>
+struct ScaleRows {
+  C* c;
+  index_t ldc;
+  float beta;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t j) const {
+    C& x = c[r * ldc + j];
+    x = beta == 0.f ? convert<C>(0.f) : convert<C>(convert<float>(x) * beta);
+  }
+};
 
 template <class Op, class T>
 struct Merge {
@@ -93,6 +132,20 @@ KILN_GLOBAL void reduce_partials(R* out, const Acc* partial, index_t count, inde
 
 }  // namespace kiln::cu::kernels
 
+namespace kiln::cu::detail {
+// Evaluators that can run the packet kernel with V lanes (all of kiln's do).
+template <class Ev, int V>
+concept packet_evaluator = requires(const Ev& ev, index_t i, std::size_t bytes) {
+  ev.template flat_packet<V>(i);
+  { ev.aligned(bytes) } -> std::convertible_to<bool>;
+};
+
+// Lanes of the packet kernel for destination elements T: 16 bytes of them, or 0 (no packet
+// kernel) for 1- and 8-byte elements, which keep the scalar kernels.
+template <class T>
+inline constexpr int packet_lanes_for = sizeof(T) == 4 ? 4 : (sizeof(T) == 2 ? 8 : 0);
+}  // namespace kiln::cu::detail
+
 namespace kiln {
 
 class CudaExecutor {
@@ -115,7 +168,11 @@ class CudaExecutor {
     const index_t n = s.size();
     stats_.count(kind::elementwise, name, n, std::size_t(n) * sizeof(T));
     if (n == 0) return;
-    if (ev.flat_ok() && dst.is_contiguous()) {
+    constexpr int V = cu::detail::packet_lanes_for<T>;
+    if (packet_lanes(dst, ev) != 0) {
+      if constexpr (V != 0)  // packet_lanes is 0 when V is; this keeps Packet<T, 0> unnamed
+        cu::kernels::elementwise_packet<V><<<blocks((n + V - 1) / V), threads, 0, stream_>>>(dst.data(), ev, n);
+    } else if (ev.flat_ok() && dst.is_contiguous()) {
       cu::kernels::elementwise_flat<<<blocks(n), threads, 0, stream_>>>(dst.data(), ev, n);
     } else {
       const LeafStrides d = fold_strides(s, dst.strides(), false, s);
@@ -125,6 +182,24 @@ class CudaExecutor {
       cu::kernels::elementwise_2d<<<blocks(n), threads, 0, stream_>>>(dst.data(), drs, dcs, ev, s.rows(), s.cols());
     }
     KILN_CUDA_CHECK(cudaGetLastError());
+  }
+
+  // The lanes per packet elementwise(dst, ev) runs with, or 0 when it runs a scalar kernel
+  // (strided or broadcast operands, a misaligned leaf or destination, 1- or 8-byte elements).
+  template <class T, class Ext, class Ev>
+  static int packet_lanes(const View<T, cuda, Ext>& dst, const Ev& ev) {
+    constexpr int V = cu::detail::packet_lanes_for<T>;
+    if constexpr (V == 0) {
+      return 0;
+    } else if constexpr (!cu::detail::packet_evaluator<Ev, V>) {
+      return 0;
+    } else {
+      // 16 bytes for every leaf: a leaf of other-sized elements loads V of them from an offset
+      // that is a multiple of V elements, so its packets are aligned to their own size too.
+      const bool ok = ev.flat_ok() && dst.is_contiguous() && kiln::detail::is_aligned(dst.data(), 16) &&
+                      ev.aligned(16);
+      return ok ? V : 0;
+    }
   }
 
   template <class Kernel>
@@ -166,6 +241,14 @@ class CudaExecutor {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, f16> || std::is_same_v<T, bf16>,
                   "kiln: CUDA GEMM takes float, f16 or bf16 inputs");
     static_assert(std::is_same_v<C, float> || std::is_same_v<C, T>, "kiln: CUDA GEMM writes float or the input type");
+    // cuBLASLt refuses empty sizes; the CPU executor takes them, so do the same here.
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      cu::kernels::for_each_element<<<blocks(m * n), threads, 0, stream_>>>(cu::kernels::ScaleRows<C>{c, ldc, beta}, m,
+                                                                            n);
+      KILN_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
     cu::MatmulArgs x;
     x.m = m;
     x.n = n;
