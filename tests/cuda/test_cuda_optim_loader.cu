@@ -1,0 +1,514 @@
+// The CUDA optimizer step, gradient norm / clipping and the device loader, each against its CPU
+// counterpart: the CPU optimizers run on the same parameters and gradients, the host Loader
+// delivers the batches the DeviceLoader must reproduce.
+//
+// Optimizer results agree to rounding, not to the bit: nvcc contracts a * b + c into a fused
+// multiply-add, the host compiler here does not. A host experiment (the CPU optimizers built with
+// and without -ffp-contract=fast -mfma, these sizes and options, 6 steps) bounds the difference by
+// |a - b| <= 5e-7 * max(|a|, |b|, 1) with SGD's lr up to 0.5, 1.2e-7 for Adam(W); pure relative
+// error is unbounded near 0 (a 1-ulp difference of a term that cancels). close() below allows
+// 1e-6 relative to max(|a|, |b|, 1), with SGD's lr kept at 0.1.
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/backend/cpu/executor.hpp"
+#include "kiln/backend/cuda/allocator.cuh"
+#include "kiln/backend/cuda/check.cuh"
+#include "kiln/backend/cuda/executor.cuh"
+#include "kiln/core/error.hpp"
+#include "kiln/core/stats.hpp"
+#include "kiln/data/dataset.hpp"
+#include "kiln/data/device_loader.cuh"
+#include "kiln/data/loader.hpp"
+#include "kiln/optim/adam.hpp"
+#include "kiln/optim/clip.hpp"
+#include "kiln/optim/cuda_step.cuh"
+#include "kiln/optim/param.hpp"
+#include "kiln/optim/sgd.hpp"
+
+using kiln::CpuExecutor;
+using kiln::CudaExecutor;
+using kiln::index_t;
+using kiln::cu::DeviceBuffer;
+using kiln::optim::ParamTable;
+
+namespace {
+
+// A stream of our own, non-blocking, so nothing orders it with the default stream for free.
+struct TestStream {
+  cudaStream_t s = nullptr;
+  TestStream() { KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~TestStream() { (void)cudaStreamDestroy(s); }
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+};
+
+template <class T>
+void upload(T* d, const std::vector<T>& h, cudaStream_t s) {
+  if (h.empty()) return;
+  KILN_CUDA_CHECK(cudaMemcpyAsync(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(s));  // h is pageable and may change right after
+}
+
+template <class T>
+std::vector<T> download(const T* d, index_t n, cudaStream_t s) {
+  std::vector<T> h(static_cast<std::size_t>(n));
+  if (n == 0) return h;
+  KILN_CUDA_CHECK(cudaMemcpyAsync(h.data(), d, h.size() * sizeof(T), cudaMemcpyDeviceToHost, s));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  return h;
+}
+
+// Counts the elements of got and want that differ by more than 1e-6 * max(|got|, |want|, 1)
+// (NaN matches NaN), and reports the first one.
+index_t mismatches(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  index_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double a = got[i], b = want[i];
+    if (std::isnan(a) && std::isnan(b)) continue;
+    const double scale = std::max({std::fabs(a), std::fabs(b), 1.0});
+    if (!(std::fabs(a - b) <= 1e-6 * scale)) {
+      if (bad == 0) MESSAGE(what << "[" << i << "]: cuda " << a << ", cpu " << b);
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+// Parameters of many sizes — empty ones, a single element, a chunk and one more, and one over 1M
+// elements — on the host (for the CPU optimizer) and mirrored on the device.
+struct Model {
+  std::vector<index_t> sizes{0, 1, 3, 4096, 4097, (index_t(1) << 20) + 7, 0, 1000};
+  std::vector<std::vector<float>> value, grad;
+  std::vector<DeviceBuffer<float>> d_value, d_grad;
+  std::mt19937 rng{12345};
+
+  Model() {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (index_t n : sizes) {
+      value.emplace_back(std::size_t(n));
+      grad.emplace_back(std::size_t(n), 0.0f);
+      for (float& x : value.back()) x = u(rng);
+      d_value.emplace_back(n);
+      d_grad.emplace_back(n);
+    }
+  }
+  index_t total() const {
+    index_t t = 0;
+    for (index_t n : sizes) t += n;
+    return t;
+  }
+  ParamTable host_table() {
+    ParamTable t;
+    for (std::size_t k = 0; k < sizes.size(); ++k) t.add(value[k].data(), grad[k].data(), sizes[k]);
+    return t;
+  }
+  ParamTable device_table() {
+    ParamTable t;
+    for (std::size_t k = 0; k < sizes.size(); ++k) t.add(d_value[k].data(), d_grad[k].data(), sizes[k]);
+    return t;
+  }
+  void upload_values(cudaStream_t s) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) upload(d_value[k].data(), value[k], s);
+  }
+  // New random gradients, the same on both sides.
+  void new_grads(cudaStream_t s, float scale = 1.0f) {
+    std::uniform_real_distribution<float> u(-scale, scale);
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      for (float& x : grad[k]) x = u(rng);
+      upload(d_grad[k].data(), grad[k], s);
+    }
+  }
+  // Concatenated in table order: the flat index space.
+  std::vector<float> flat(const std::vector<std::vector<float>>& parts) const {
+    std::vector<float> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  }
+  std::vector<float> device_flat(const std::vector<DeviceBuffer<float>>& parts, cudaStream_t s) const {
+    std::vector<float> out;
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const std::vector<float> h = download(parts[k].data(), sizes[k], s);
+      out.insert(out.end(), h.begin(), h.end());
+    }
+    return out;
+  }
+};
+
+// Runs `steps` steps of a CPU and a CUDA optimizer side by side (the lr changed half way),
+// checking one launch a step, then the parameters and every state buffer.
+template <class CpuOpt, class CudaOpt, class Options, class CheckState>
+void compare_steps(const Options& options, double second_lr, CheckState check_state) {
+  TestStream stream;
+  Model model;
+  model.upload_values(stream.s);
+  CpuExecutor cpu_exec(1);
+  CudaExecutor exec(stream.s);
+  CpuOpt cpu(model.host_table(), options);
+  CudaOpt gpu(model.device_table(), options);
+  CHECK(gpu.device_table().total_size() == model.total());
+  const int steps = 5;
+  for (int s = 0; s < steps; ++s) {
+    if (s == steps / 2) {
+      cpu.set_lr(second_lr);
+      gpu.set_lr(second_lr);
+    }
+    model.new_grads(stream.s);
+    cpu.step(cpu_exec);
+    gpu.step(exec);
+  }
+  CHECK(exec.stats().launches(kiln::kind::optimizer) == std::size_t(steps));
+  CHECK(exec.stats().launches() == std::size_t(steps));
+  CHECK(gpu.steps() == cpu.steps());
+  CHECK(mismatches(model.device_flat(model.d_value, stream.s), model.flat(model.value), "value") == 0);
+  check_state(cpu, gpu, model.total(), stream.s);
+}
+
+// The state buffers of a CPU and a CUDA Adam(W) after the same steps.
+struct AdamState {
+  void operator()(const auto& cpu, const auto& gpu, index_t n, cudaStream_t s) const {
+    auto host = [](std::span<const float> x) { return std::vector<float>(x.begin(), x.end()); };
+    CHECK(mismatches(download(gpu.d_exp_avg(), n, s), host(cpu.exp_avg()), "exp_avg") == 0);
+    CHECK(mismatches(download(gpu.d_exp_avg_sq(), n, s), host(cpu.exp_avg_sq()), "exp_avg_sq") == 0);
+    if (gpu.options().amsgrad) {
+      CHECK(mismatches(download(gpu.d_max_exp_avg_sq(), n, s), host(cpu.max_exp_avg_sq()), "max_exp_avg_sq") == 0);
+    } else {
+      CHECK(gpu.d_max_exp_avg_sq() == nullptr);
+    }
+  }
+};
+
+// The momentum buffers of a CPU and a CUDA SGD after the same steps.
+struct SgdState {
+  void operator()(const auto& cpu, const auto& gpu, index_t n, cudaStream_t s) const {
+    if (gpu.options().momentum == 0.0) {
+      CHECK(gpu.d_momentum_buffer() == nullptr);
+      return;
+    }
+    const auto buf = cpu.momentum_buffer();
+    CHECK(mismatches(download(gpu.d_momentum_buffer(), n, s), std::vector<float>(buf.begin(), buf.end()),
+                     "momentum_buffer") == 0);
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("cuda optimizers") {
+  using namespace kiln::optim;
+
+  TEST_CASE("CudaAdamW and CudaAdam match the CPU step for step") {
+    SUBCASE("AdamW defaults") { compare_steps<AdamW, CudaAdamW>(AdamWOptions{}, 3e-3, AdamState{}); }
+    SUBCASE("AdamW amsgrad, maximize, strong decay") {
+      compare_steps<AdamW, CudaAdamW>(
+          AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true, .maximize = true}, 5e-3,
+          AdamState{});
+    }
+    SUBCASE("Adam defaults") { compare_steps<Adam, CudaAdam>(AdamOptions{}, 3e-3, AdamState{}); }
+    SUBCASE("Adam amsgrad with L2 decay") {
+      compare_steps<Adam, CudaAdam>(AdamOptions{.lr = 1e-2, .beta1 = 0.8, .weight_decay = 0.1, .amsgrad = true},
+                                    5e-3, AdamState{});
+    }
+  }
+
+  TEST_CASE("CudaSgd matches the CPU step for step") {
+    SUBCASE("plain") { compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1}, 0.05, SgdState{}); }
+    SUBCASE("nesterov momentum with weight decay") {
+      compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-2, .nesterov = true},
+                                  0.05, SgdState{});
+    }
+    SUBCASE("dampened momentum, maximize") {
+      compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .maximize = true}, 0.05,
+                                  SgdState{});
+    }
+  }
+
+  TEST_CASE("CudaSgd starts its momentum buffer when momentum is switched on, as Sgd does") {
+    TestStream stream;
+    Model model;
+    model.upload_values(stream.s);
+    CpuExecutor cpu_exec(1);
+    CudaExecutor exec(stream.s);
+    Sgd cpu(model.host_table(), {.lr = 0.05});
+    CudaSgd gpu(model.device_table(), {.lr = 0.05});
+    for (int s = 0; s < 4; ++s) {
+      if (s == 2) {
+        cpu.set_momentum(0.9);
+        gpu.set_momentum(0.9);
+      }
+      model.new_grads(stream.s);
+      cpu.step(cpu_exec);
+      gpu.step(exec);
+      CHECK((gpu.d_momentum_buffer() != nullptr) == (s >= 2));
+    }
+    CHECK(mismatches(model.device_flat(model.d_value, stream.s), model.flat(model.value), "value") == 0);
+    SgdState{}(cpu, gpu, model.total(), stream.s);
+  }
+
+  TEST_CASE("zero_grad is one launch and zeroes every gradient") {
+    TestStream stream;
+    Model model;
+    model.new_grads(stream.s);
+    CudaExecutor exec(stream.s);
+    CudaAdamW opt(model.device_table(), {});
+    opt.zero_grad(exec);
+    CHECK(exec.stats().launches() == 1);
+    CHECK(exec.stats().launches(kiln::kind::elementwise) == 1);
+    const std::vector<float> g = model.device_flat(model.d_grad, stream.s);
+    CHECK(std::count(g.begin(), g.end(), 0.0f) == std::ptrdiff_t(g.size()));
+  }
+
+  TEST_CASE("an empty table steps without launching and the options are checked as on the CPU") {
+    CudaExecutor exec;
+    ParamTable empty;
+    empty.add(nullptr, nullptr, 0);
+    CudaAdam adam(empty, {});
+    CudaSgd sgd(empty, {.momentum = 0.5});
+    adam.step(exec);
+    sgd.step(exec);
+    adam.zero_grad(exec);
+    exec.synchronize();
+    CHECK(exec.stats().launches(kiln::kind::optimizer) == 2);
+    CHECK(cuda_grad_norm(adam.device_table(), exec) == 0.0);
+
+    CHECK_THROWS_AS(CudaAdamW(ParamTable{}, {.lr = -1.0}), kiln::ValueError);
+    CHECK_THROWS_AS(CudaAdam(ParamTable{}, {.beta2 = 1.0}), kiln::ValueError);
+    CHECK_THROWS_AS(CudaSgd(ParamTable{}, {.nesterov = true}), kiln::ValueError);
+    CHECK_THROWS_AS(sgd.set_lr(std::numeric_limits<double>::quiet_NaN()), kiln::ValueError);
+    CHECK(sgd.lr() == 1e-3);  // a rejected value leaves the options as they were
+  }
+
+  TEST_CASE("a table of pageable host pointers is refused where the device cannot read them") {
+    int device = 0, pageable = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device));
+    std::vector<float> v(8), g(8);
+    ParamTable t;
+    t.add(v.data(), g.data(), 8);
+    if (pageable == 0) CHECK_THROWS_AS(CudaSgd(t, {}), kiln::ValueError);
+    else MESSAGE("this device reads pageable memory: host pointers are accepted");
+  }
+}
+
+TEST_SUITE("cuda grad norm") {
+  using namespace kiln::optim;
+
+  TEST_CASE("cuda_grad_norm equals grad_norm for every norm type, and repeats to the bit") {
+    TestStream stream;
+    Model model;
+    model.new_grads(stream.s, 3.0f);
+    CpuExecutor cpu_exec(1);
+    CudaExecutor exec(stream.s);
+    const ParamTable host = model.host_table();
+    const CudaParamTable dev(model.device_table());
+    for (double p : {2.0, 1.0, 3.0, 0.5, std::numeric_limits<double>::infinity()}) {
+      CAPTURE(p);
+      const double want = grad_norm(host, cpu_exec, p);
+      const double got = cuda_grad_norm(dev, exec, p);
+      CHECK(std::fabs(got - want) <= 1e-10 * want);
+      CHECK(cuda_grad_norm(dev, exec, p) == got);  // deterministic: same partials, same tree
+    }
+    CHECK(exec.stats().launches(kiln::kind::reduce) == 10);
+    CHECK_THROWS_AS(cuda_grad_norm(dev, exec, 0.0), kiln::ValueError);
+  }
+
+  TEST_CASE("a NaN gradient makes the norm NaN, and error_if_nonfinite throws before touching grads") {
+    TestStream stream;
+    Model model;
+    model.new_grads(stream.s);
+    model.grad[5][777777] = std::numeric_limits<float>::quiet_NaN();
+    upload(model.d_grad[5].data(), model.grad[5], stream.s);
+    CudaExecutor exec(stream.s);
+    const CudaParamTable dev(model.device_table());
+    CHECK(std::isnan(cuda_grad_norm(dev, exec)));
+    CHECK(std::isnan(cuda_grad_norm(dev, exec, std::numeric_limits<double>::infinity())));
+    CHECK_THROWS_AS(cuda_clip_grad_norm(dev, 1.0, exec, 2.0, true), kiln::NumericError);
+    CHECK(mismatches(model.device_flat(model.d_grad, stream.s), model.flat(model.grad), "grad") == 0);
+  }
+
+  TEST_CASE("cuda_clip_grad_norm scales as clip_grad_norm, and only when it must") {
+    TestStream stream;
+    Model model;
+    model.new_grads(stream.s);
+    CpuExecutor cpu_exec(1);
+    CudaExecutor exec(stream.s);
+    const ParamTable host = model.host_table();
+    const CudaParamTable dev(model.device_table());
+    const double big = 1e9;  // no clipping: one reduction, no scaling pass
+    CHECK(cuda_clip_grad_norm(dev, big, exec) == doctest::Approx(clip_grad_norm(host, big, cpu_exec)).epsilon(1e-10));
+    CHECK(exec.stats().launches() == 1);
+    const double want = clip_grad_norm(host, 2.0, cpu_exec);
+    const double got = cuda_clip_grad_norm(dev, 2.0, exec);
+    CHECK(got == doctest::Approx(want).epsilon(1e-10));
+    CHECK(exec.stats().launches() == 3);
+    CHECK(exec.stats().launches(kiln::kind::elementwise) == 1);
+    CHECK(mismatches(model.device_flat(model.d_grad, stream.s), model.flat(model.grad), "clipped grad") == 0);
+    CHECK(cuda_grad_norm(dev, exec) == doctest::Approx(2.0).epsilon(1e-5));
+  }
+}
+
+// ---- the device loader -------------------------------------------------------------------------
+
+namespace {
+
+using kiln::data::Batch;
+using kiln::data::Dataset;
+using kiln::data::DeviceBatch;
+using kiln::data::DeviceLoader;
+using kiln::data::Loader;
+using kiln::data::LoaderOptions;
+
+Dataset make_dataset(index_t n, index_t d) {
+  Dataset ds;
+  ds.n = n;
+  ds.d = d;
+  ds.num_classes = 10;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  ds.features.resize(std::size_t(n * d));
+  for (float& x : ds.features) x = u(rng);
+  for (index_t i = 0; i < n; ++i) ds.labels.push_back(std::int32_t(rng() % 10));
+  return ds;
+}
+
+// Holds the consumer stream back for `cycles` clocks, so uploads race ahead of it.
+KILN_GLOBAL void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
+// Checks `db` against the host loader's batch `hb`: metadata, and the data copied back.
+void check_batch(const DeviceBatch& db, const Batch& hb, cudaStream_t s) {
+  CHECK(db.size == hb.size);
+  CHECK(db.dim == hb.dim);
+  CHECK(db.index == hb.index);
+  CHECK(db.epoch == hb.epoch);
+  const std::vector<float> f = download(db.features, db.size * db.dim, s);
+  const std::vector<std::int32_t> l = download(db.labels, db.size, s);
+  CHECK(f == std::vector<float>(hb.features.begin(), hb.features.end()));
+  CHECK(l == std::vector<std::int32_t>(hb.labels.begin(), hb.labels.end()));
+}
+
+}  // namespace
+
+TEST_SUITE("cuda device loader") {
+  TEST_CASE("DeviceLoader delivers exactly the host loader's batches, over two epochs") {
+    const Dataset ds = make_dataset(1000, 37);  // 1000 = 15 × 64 + 40: a partial last batch
+    for (bool drop_last : {false, true}) {
+      for (int workers : {0, 2}) {
+        CAPTURE(drop_last);
+        CAPTURE(workers);
+        const LoaderOptions opt{.batch_size = 64, .seed = 3, .drop_last = drop_last, .workers = workers};
+        Loader host(ds, opt), reference(ds, opt);
+        TestStream consumer;
+        DeviceLoader loader(host, consumer.s);
+        CHECK(loader.batches_per_epoch() == (drop_last ? 15 : 16));
+        for (index_t epoch : {0, 1}) {
+          loader.start_epoch(epoch);
+          reference.start_epoch(epoch);
+          index_t count = 0, last_size = 0;
+          while (const DeviceBatch* db = loader.next()) {
+            const Batch* hb = reference.next();
+            REQUIRE(hb != nullptr);
+            check_batch(*db, *hb, consumer.s);
+            ++count;
+            last_size = db->size;
+          }
+          CHECK(reference.next() == nullptr);
+          CHECK(loader.next() == nullptr);  // and stays exhausted
+          CHECK(count == (drop_last ? 15 : 16));
+          CHECK(last_size == (drop_last ? 64 : 40));
+        }
+        CHECK(loader.batches_served() == (drop_last ? 30 : 32));
+        CHECK(loader.wait_seconds() >= 0.0);
+      }
+    }
+  }
+
+  TEST_CASE("a slot is not overwritten while the consumer stream still reads it") {
+    // The consumer never waits on the host: each batch is copied (device to device) into a
+    // transcript behind a spin, while next() keeps uploading ahead. Only the events keep batch i's
+    // buffer intact until the consumer's copy of it has run.
+    const Dataset ds = make_dataset(1000, 129);
+    const LoaderOptions opt{.batch_size = 64, .seed = 11, .workers = 1};
+    Loader host(ds, opt), reference(ds, opt);
+    TestStream consumer;
+    DeviceLoader loader(host, consumer.s);
+    for (index_t epoch : {0, 1}) {
+      DeviceBuffer<float> transcript(ds.n * ds.d);
+      DeviceBuffer<std::int32_t> transcript_labels(ds.n);
+      loader.start_epoch(epoch);
+      index_t row = 0;
+      while (const DeviceBatch* db = loader.next()) {
+        spin<<<1, 1, 0, consumer.s>>>(200000);
+        KILN_CUDA_CHECK(cudaGetLastError());
+        KILN_CUDA_CHECK(cudaMemcpyAsync(transcript.data() + row * ds.d, db->features,
+                                        std::size_t(db->size * db->dim) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                        consumer.s));
+        KILN_CUDA_CHECK(cudaMemcpyAsync(transcript_labels.data() + row, db->labels,
+                                        std::size_t(db->size) * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                                        consumer.s));
+        row += db->size;
+      }
+      REQUIRE(row == ds.n);
+      const std::vector<float> f = download(transcript.data(), ds.n * ds.d, consumer.s);
+      const std::vector<std::int32_t> l = download(transcript_labels.data(), ds.n, consumer.s);
+      reference.start_epoch(epoch);
+      index_t at = 0;
+      while (const Batch* hb = reference.next()) {
+        CAPTURE(hb->index);
+        CHECK(std::memcmp(f.data() + at * ds.d, hb->features.data(), hb->features.size_bytes()) == 0);
+        CHECK(std::memcmp(l.data() + at, hb->labels.data(), hb->labels.size_bytes()) == 0);
+        at += hb->size;
+      }
+    }
+  }
+
+  TEST_CASE("restarting mid-epoch, and the contract's errors") {
+    const Dataset ds = make_dataset(300, 5);
+    std::function<void(Batch&)> fail_at_2 = [](Batch& b) {
+      if (b.epoch == 7 && b.index == 2) throw std::runtime_error("transform failed");
+    };
+    const LoaderOptions opt{.batch_size = 32, .seed = 5, .workers = 0, .transform = fail_at_2};
+    Loader host(ds, opt), reference(ds, opt);
+    TestStream consumer;
+    DeviceLoader loader(host, consumer.s);
+    CHECK_THROWS_AS(loader.next(), kiln::ValueError);  // before start_epoch
+
+    loader.start_epoch(0);
+    for (int i = 0; i < 3; ++i) REQUIRE(loader.next() != nullptr);
+    loader.start_epoch(1);  // abandons epoch 0 with an upload in flight
+    reference.start_epoch(1);
+    index_t count = 0;
+    while (const DeviceBatch* db = loader.next()) {
+      const Batch* hb = reference.next();
+      REQUIRE(hb != nullptr);
+      check_batch(*db, *hb, consumer.s);
+      ++count;
+    }
+    CHECK(count == 10);
+
+    // The transform's exception surfaces when the consumer reaches batch 2, and stays.
+    loader.start_epoch(7);
+    CHECK(loader.next()->index == 0);
+    CHECK(loader.next()->index == 1);
+    CHECK_THROWS_AS(loader.next(), std::runtime_error);
+    CHECK_THROWS_AS(loader.next(), std::runtime_error);
+    loader.start_epoch(2);
+    CHECK(loader.next()->index == 0);
+  }
+}
