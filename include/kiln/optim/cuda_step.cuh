@@ -393,8 +393,8 @@ class CudaAdamBase {
   // kind::optimizer (none when the table holds no elements; it is counted all the same).
   void step(CudaExecutor& exec) {
     ++steps_;
-    const AdamParams h =
-        make_adam_params(opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, Decoupled, opt_.maximize, steps_);
+    const AdamParams h = make_adam_params(opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, Decoupled,
+                                          opt_.maximize, steps_);
     const index_t n = table_.total_size();
     const bool ams = opt_.amsgrad;
     exec.stats().count(kind::optimizer, Decoupled ? "adamw" : "adam", n,
