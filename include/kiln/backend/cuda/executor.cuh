@@ -227,8 +227,10 @@ class CudaExecutor {
       const index_t count = std::max<index_t>(1, (n + slice - 1) / slice);
       auto buf = temps_.take(std::size_t(count) * sizeof(Acc));
       Acc* partial = static_cast<Acc*>(buf.get());
+      // The real cols: with cols == 0 the range is empty and the kernel never divides by it (a
+      // cols of 1 here would read rows elements of an empty operand).
       cu::kernels::reduce_rows<Op, R, Acc><<<unsigned(count), cu::kernels::reduce_threads, 0, stream_>>>(
-          out, partial, ev, rows, std::max<index_t>(cols, 1), false, slice);
+          out, partial, ev, rows, cols, false, slice);
       cu::kernels::reduce_partials<Op, R, Acc><<<1, cu::kernels::reduce_threads, 0, stream_>>>(out, partial, count, n);
     }
     KILN_CUDA_CHECK(cudaGetLastError());
