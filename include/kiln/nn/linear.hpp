@@ -3,6 +3,11 @@
 // Forward is one GEMM and ONE elementwise kernel for the bias; forward_fused<Act> folds an
 // activation into that kernel, act(x·Wᵀ + b), whose backward is ONE derived kernel (plus the
 // bias's column reduction) — Sequential does this for every Linear followed by an activation.
+//
+// Space is where the parameters live (kiln::host or kiln::cuda). Initial values are always drawn
+// on the host, in PyTorch's order, and moved into Space (space_ops<Space>::from_host), so a
+// Linear<.., cuda> starts from exactly the numbers the host one does for the same seed. For
+// kiln::cuda include kiln/nn/cuda.cuh (an nvcc translation unit).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +20,7 @@
 
 namespace kiln::nn {
 
-template <index_t In, index_t Out, bool Bias = true, class T = float>
+template <index_t In, index_t Out, bool Bias = true, class T = float, class Space = host>
 class Linear {
   static_assert(In > 0 && Out > 0, "kiln::nn::Linear<In, Out>: both sizes must be positive");
 
@@ -25,21 +30,19 @@ class Linear {
   static constexpr bool has_bias = Bias;
   static constexpr bool fuses_activation = true;
   using value_type = T;
+  using space = Space;
+  // The same layer with its parameters in another space (Sequential<...>::on<S> uses it).
+  template <class S>
+  using on = Linear<In, Out, Bias, T, S>;
 
-  // Weight, then bias, from U(-1/sqrt(In), 1/sqrt(In)) (PyTorch's reset_parameters).
-  explicit Linear(Generator& gen) {
-    weight_.set_requires_grad(true);
-    init::kaiming_uniform(weight_, gen, In);
-    if constexpr (Bias) {
-      bias_.set_requires_grad(true);
-      init::uniform(bias_, gen, -1.0 / std::sqrt(double(In)), 1.0 / std::sqrt(double(In)));
-    }
-  }
+  // Weight, then bias, from U(-1/sqrt(In), 1/sqrt(In)) (PyTorch's reset_parameters), drawn on
+  // the host and moved into Space.
+  explicit Linear(Generator& gen) : weight_(init_weight(gen), true), bias_(init_bias(gen)) {}
   explicit Linear(std::uint64_t seed = 0) : Linear(lvalue(Generator(seed))) {}
 
   // x [B, In] -> [B, Out].
   template <class Exec, index_t B, index_t I>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, host, B, I>& x) const {
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
     const auto z = product(tape, x);
     if constexpr (Bias) return ag::map(tape, z + bias_);
     else return z;
@@ -47,7 +50,7 @@ class Linear {
 
   // act(x·Wᵀ + b) with the activation in the bias kernel; Act is an activation layer type.
   template <class Act, class Exec, index_t B, index_t I>
-  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, host, B, I>& x) const {
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
     const auto z = product(tape, x);
     if constexpr (Bias) return ag::map(tape, Act::apply(z + bias_));
     else return ag::map(tape, Act::apply(z));
@@ -59,8 +62,8 @@ class Linear {
     if constexpr (Bias) f(bias_);
   }
 
-  const ag::Var<T, host, Out, In>& weight() const { return weight_; }
-  const ag::Var<T, host, Out>& bias() const
+  const ag::Var<T, Space, Out, In>& weight() const { return weight_; }
+  const ag::Var<T, Space, Out>& bias() const
     requires Bias
   {
     return bias_;
@@ -69,16 +72,48 @@ class Linear {
  private:
   static Generator& lvalue(Generator&& g) { return g; }
 
+  static Tensor<T, Space, Out, In> init_weight(Generator& gen) {
+    ag::Var<T, host, Out, In> w;
+    init::kaiming_uniform(w, gen, In);
+    return space_ops<Space>::from_host(std::move(w.value()));
+  }
+  static auto init_bias(Generator& gen) {
+    if constexpr (Bias) {
+      ag::Var<T, host, Out> b;
+      init::uniform(b, gen, -1.0 / std::sqrt(double(In)), 1.0 / std::sqrt(double(In)));
+      return ag::Var<T, Space, Out>(space_ops<Space>::from_host(std::move(b.value())), true);
+    } else {
+      return nullptr;
+    }
+  }
+
   template <class Exec, index_t B, index_t I>
-  auto product(ag::Tape<Exec>& tape, const ag::Var<T, host, B, I>& x) const {
+  auto product(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
     KILN_CHECK(x.dim(1) == In, ShapeError, "Linear<", In, ", ", Out, ">: the input has shape ", x.shape().str(),
                "; its last size must be ", In);
     return ag::matmul(tape, x, weight_, false, true);
   }
 
-  ag::Var<T, host, Out, In> weight_;
-  [[no_unique_address]] std::conditional_t<Bias, ag::Var<T, host, Out>, std::nullptr_t> bias_{};
+  ag::Var<T, Space, Out, In> weight_;
+  [[no_unique_address]] std::conditional_t<Bias, ag::Var<T, Space, Out>, std::nullptr_t> bias_;
 };
+
+namespace detail {
+// Flatten's kernels, as functors so that they run on every executor.
+template <class T>
+struct FlattenCopy {
+  const T* x;
+  T* y;
+  KILN_HOST_DEVICE void operator()(index_t, index_t i) const { y[i] = x[i]; }
+};
+template <class T>
+struct FlattenBackward {
+  T* dx;
+  const T* g;
+  bool add;
+  KILN_HOST_DEVICE void operator()(index_t, index_t i) const { put_grad(dx[i], g[i], add); }
+};
+}  // namespace detail
 
 // Flatten: [B, d1, d2, ...] -> [B, d1 * d2 * ...] for a following Linear. A rank-2 input is
 // returned as it is (no kernel); higher ranks are copied (ONE kernel forward, ONE backward),
@@ -95,7 +130,7 @@ struct Flatten {
       V out{typename V::tensor_type(Shape{rows, c})};
       const T* X = x.value().data();
       T* Y = out.value().data();
-      tape.exec().for_each_element(1, n, [=](index_t, index_t i) { Y[i] = X[i]; }, kind::copy, "flatten",
+      tape.exec().for_each_element(1, n, detail::FlattenCopy<T>{X, Y}, kind::copy, "flatten",
                                    std::size_t(n) * sizeof(T) * 2);
       if (!x.requires_grad() || !tape.recording()) return out;
       out.set_requires_grad(true);
@@ -104,7 +139,7 @@ struct Flatten {
         const bool add = xd->grad_valid;
         T* dx = xd->ensure_grad();
         const T* G = od->grad.data();
-        exec.for_each_element(1, n, [=](index_t, index_t i) { detail::put_grad(dx[i], G[i], add); }, kind::copy,
+        exec.for_each_element(1, n, detail::FlattenBackward<T>{dx, G, add}, kind::copy,
                               "flatten_backward", std::size_t(n) * sizeof(T) * 2);
         xd->grad_valid = true;
       });

@@ -8,10 +8,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/core/tensor.hpp"
+#include "kiln/expr/math.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/ops/reduce.hpp"
 
@@ -22,9 +25,107 @@ struct CrossEntropyOptions {
   loss_reduction reduction = loss_reduction::mean;
 };
 
+namespace detail {
+
+// cross_entropy's kernels, as functors so that they run on every executor.
+// Row r: its log-sum-exp (saved for backward) and its loss
+//   (1 - eps) * (lse - x_y) + eps * mean_c(lse - x_c);
+// a label outside [0, C) (only possible on a device, where labels are not checked) gives NaN.
+template <class T>
+struct CrossEntropyRows {
+  const T* x;
+  const std::int32_t* labels;
+  T* lse;
+  T* per_row;
+  index_t cols;
+  T on, eps;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t) const {
+    const T* xr = x + r * cols;
+    T m = cols > 0 ? xr[0] : T(0), sx = 0;
+    for (index_t c = 1; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
+    T se = 0;
+    for (index_t c = 0; c < cols; ++c) {
+      se += math::exp(xr[c] - m);
+      sx += xr[c];
+    }
+    const T l = m + math::log(se);
+    lse[r] = l;
+    const std::int32_t y = labels[r];
+    if (y < 0 || y >= cols) {
+      per_row[r] = std::numeric_limits<T>::quiet_NaN();
+      return;
+    }
+    per_row[r] = on * (l - xr[y]) + eps * (l - sx / T(cols));
+  }
+};
+
+// out[0] = scale * (the rows' losses summed in row order): deterministic on every executor.
+template <class T>
+struct CrossEntropySum {
+  const T* per_row;
+  T* out;
+  index_t rows;
+  T scale;
+  KILN_HOST_DEVICE void operator()(index_t, index_t) const {
+    T total = 0;
+    for (index_t r = 0; r < rows; ++r) total += per_row[r];
+    out[0] = total * scale;
+  }
+};
+
+template <class T>
+struct CrossEntropyBackward {
+  T* dx;
+  const T* x;
+  const T* lse;
+  const std::int32_t* labels;
+  const T* g;  // the loss's gradient (one element, in the executor's space)
+  index_t cols;
+  T scale, on, off;
+  bool add;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
+    const index_t i = r * cols + c;
+    const T target = (c == labels[r] ? on : T(0)) + off;
+    put_grad(dx[i], T(g[0] * scale * (math::exp(x[i] - lse[r]) - target)), add);
+  }
+};
+
+// mse_loss's backward: v = 2 g scale (p - t) into dp, -v into dt (either may be null).
+template <class T>
+struct MseBackward {
+  T* gp;
+  T* gt;
+  const T* p;
+  const T* t;
+  const T* g;  // the loss's gradient (one element, in the executor's space)
+  T scale;
+  bool add_p, add_t;
+  KILN_HOST_DEVICE void operator()(index_t, index_t i) const {
+    const T v = T(2) * g[0] * scale * (p[i] - t[i]);
+    if (gp) put_grad(gp[i], v, add_p);
+    if (gt) put_grad(gt[i], T(-v), add_t);
+  }
+};
+
+template <class I>
+struct CopyLabels {
+  const I* src;
+  I* dst;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t) const { dst[r] = src[r]; }
+};
+
+}  // namespace detail
+
 // Cross-entropy of logits [B, C] against integer class labels (B of them, each in [0, C)).
-// requires: labels points at B host integers (they are copied; the pointer may die afterwards).
-// throws: ValueError naming the first row whose label is outside [0, C), or a bad smoothing.
+// Forward is ONE row kernel (exec.for_each_element(B, 1, ...)); the rows' mean or sum is taken
+// in row order, inline on the host and as one single-thread kernel on a device.
+// requires: labels points at B integers in the executor's space: host memory for the
+//   CpuExecutor (copied and checked here; the pointer may die afterwards), DEVICE memory for
+//   the CudaExecutor (copied by a kernel on the executor's stream, so it must stay valid until
+//   that stream reaches the copy; not checked on the host: a label outside [0, C) makes its
+//   row's loss, and so the loss, NaN).
+// throws: ValueError naming the first row whose label is outside [0, C) (host), or a bad
+//   smoothing.
 template <class Exec, class T, class S, index_t B, index_t C>
 ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits, const std::int32_t* labels,
                             CrossEntropyOptions options = {}) {
@@ -32,41 +133,34 @@ ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& log
   const double eps = options.label_smoothing;
   KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "cross_entropy: label_smoothing must be in [0, 1], got ", eps);
   KILN_CHECK(rows == 0 || labels != nullptr, ValueError, "cross_entropy: labels is null for ", rows, " rows");
-  auto saved_labels = std::make_shared<std::vector<std::int32_t>>(labels, labels + rows);
-  for (index_t r = 0; r < rows; ++r) {
-    const std::int32_t y = (*saved_labels)[std::size_t(r)];
-    KILN_CHECK(y >= 0 && y < cols, ValueError, "cross_entropy: the label of row ", r, " is ", y,
-               ", outside [0, ", cols, ") for logits of shape ", logits.shape().str());
+  using Labels = Tensor<std::int32_t, S, dyn>;
+  auto saved_labels = std::make_shared<Labels>(Shape{rows});
+  if constexpr (std::is_same_v<S, host>) {
+    std::int32_t* dst = saved_labels->data();
+    for (index_t r = 0; r < rows; ++r) {
+      const std::int32_t y = labels[r];
+      KILN_CHECK(y >= 0 && y < cols, ValueError, "cross_entropy: the label of row ", r, " is ", y,
+                 ", outside [0, ", cols, ") for logits of shape ", logits.shape().str());
+      dst[r] = y;
+    }
+  } else {
+    tape.exec().for_each_element(rows, 1, detail::CopyLabels<std::int32_t>{labels, saved_labels->data()}, kind::copy,
+                                 "cross_entropy_labels", std::size_t(rows) * sizeof(std::int32_t) * 2);
   }
   const bool mean = options.reduction == loss_reduction::mean;
   const T scale = mean ? T(1) / T(rows > 0 ? rows : 1) : T(1);
   const T on = T(1.0 - eps), off = T(eps / double(cols > 0 ? cols : 1));
-  auto lse = std::make_shared<std::vector<T>>(std::size_t(rows));
-  std::vector<T> per_row(std::size_t(rows), T(0));
-  const T* X = logits.value().data();
-  const std::int32_t* L = saved_labels->data();
+  // [0, rows): each row's log-sum-exp (kept for backward); [rows, 2 rows): each row's loss.
+  auto lse = std::make_shared<Tensor<T, S, dyn>>(Shape{2 * rows});
   T* LSE = lse->data();
-  T* PR = per_row.data();
   const std::size_t bytes = std::size_t(rows * cols) * sizeof(T);
-  detail::for_each_row(tape.exec(), rows, cols, kind::loss, "cross_entropy", bytes, [=](index_t r) {
-    const T* xr = X + r * cols;
-    T m = cols > 0 ? xr[0] : T(0), sx = 0;
-    for (index_t c = 1; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
-    T se = 0;
-    for (index_t c = 0; c < cols; ++c) {
-      se += std::exp(xr[c] - m);
-      sx += xr[c];
-    }
-    const T l = m + std::log(se);
-    LSE[r] = l;
-    // (1 - eps) * (lse - x_y) + eps * mean_c(lse - x_c)
-    PR[r] = on * (l - xr[L[r]]) + T(eps) * (l - sx / T(cols));
-  });
-  // The rows' sum in row order: deterministic whatever the thread count.
+  tape.exec().for_each_element(
+      rows, 1, detail::CrossEntropyRows<T>{logits.value().data(), saved_labels->data(), LSE, LSE + rows, cols, on, T(eps)},
+      kind::loss, "cross_entropy", bytes);
   ag::Var<T, S> out(Tensor<T, S>{});
-  T total = 0;
-  for (T v : per_row) total += v;
-  out.value().data()[0] = total * scale;
+  const detail::CrossEntropySum<T> total{LSE + rows, out.value().data(), rows, scale};
+  if constexpr (std::is_same_v<S, host>) total(0, 0);
+  else tape.exec().for_each_element(1, 1, total, kind::loss, "cross_entropy_sum", std::size_t(rows) * sizeof(T));
   if (!logits.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
   tape.record([xd = logits.data(), od = out.data(), saved_labels, lse, rows, cols, scale, on, off,
@@ -74,27 +168,20 @@ ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& log
     if (!od->grad_valid || !xd->requires_grad) return;
     const bool add = xd->grad_valid;
     T* dx = xd->ensure_grad();
-    const T* X = xd->value.data();
-    const T* LSE = lse->data();
-    const std::int32_t* L = saved_labels->data();
-    const T g = od->grad.data()[0] * scale;
-    exec.for_each_element(
-        rows, cols,
-        [=](index_t r, index_t c) {
-          const index_t i = r * cols + c;
-          const T target = (c == L[r] ? on : T(0)) + off;
-          detail::put_grad(dx[i], T(g * (std::exp(X[i] - LSE[r]) - target)), add);
-        },
-        kind::loss, "cross_entropy_backward", bytes * 2);
+    exec.for_each_element(rows, cols,
+                          detail::CrossEntropyBackward<T>{dx, xd->value.data(), lse->data(), saved_labels->data(),
+                                                          od->grad.data(), cols, scale, on, off, add},
+                          kind::loss, "cross_entropy_backward", bytes * 2);
     xd->grad_valid = true;
   });
   return out;
 }
 
-// Labels in a host tensor of B integers (any rank, row-major).
-template <class Exec, class T, class S, index_t B, index_t C, index_t... LD>
+// Labels in a tensor of B integers (any rank, row-major) in the logits' space.
+template <class Exec, class T, class S, index_t B, index_t C, class LS, index_t... LD>
 ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
-                            const Tensor<std::int32_t, host, LD...>& labels, CrossEntropyOptions options = {}) {
+                            const Tensor<std::int32_t, LS, LD...>& labels, CrossEntropyOptions options = {}) {
+  static_assert(std::is_same_v<LS, S>, "kiln::nn::cross_entropy: the labels must be in the logits' memory space");
   KILN_CHECK(labels.size() == logits.dim(0), ShapeError, "cross_entropy: ", labels.size(),
              " labels for logits of shape ", logits.shape().str(), "; need one label per row");
   return cross_entropy(tape, logits, labels.data(), options);
@@ -124,16 +211,8 @@ ag::Var<T, S> mse_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& pred, co
     const bool add_p = pd->grad_valid, add_t = td->grad_valid;
     T* gp = dp ? pd->ensure_grad() : nullptr;
     T* gt = dt ? td->ensure_grad() : nullptr;
-    const T* P = pd->value.data();
-    const T* Q = td->value.data();
-    const T g2 = T(2) * od->grad.data()[0] * scale;
     exec.for_each_element(
-        1, n,
-        [=](index_t, index_t i) {
-          const T v = g2 * (P[i] - Q[i]);
-          if (gp) detail::put_grad(gp[i], v, add_p);
-          if (gt) detail::put_grad(gt[i], T(-v), add_t);
-        },
+        1, n, detail::MseBackward<T>{gp, gt, pd->value.data(), td->value.data(), od->grad.data(), scale, add_p, add_t},
         kind::loss, "mse_loss_backward", std::size_t(n) * sizeof(T) * 3);
     if (dp) pd->grad_valid = true;
     if (dt) td->grad_valid = true;

@@ -11,9 +11,35 @@
 
 #include "kiln/autograd/tape.hpp"
 #include "kiln/autograd/var.hpp"
+#include "kiln/config.hpp"
 #include "kiln/core/stats.hpp"
+#include "kiln/core/tensor.hpp"
 
 namespace kiln::nn {
+
+// ---- memory spaces ---------------------------------------------------------------------------
+// What the nn layers need from the memory space their parameters live in: moving a tensor that
+// was initialised on the host into the space (layers always draw their initial values on the
+// host, so every space starts from the same numbers) and zero-filling a gradient buffer.
+// host is defined here; another space's specialisation lives in its backend's nn header
+// (kiln/nn/cuda.cuh for kiln::cuda), so host-only translation units need no device header.
+template <class Space>
+struct space_ops {
+  static_assert(dependent_false<Space>,
+                "kiln::nn: no space_ops for this memory space; include its backend's nn header "
+                "(kiln/nn/cuda.cuh for kiln::cuda) before using nn layers in that space");
+};
+template <>
+struct space_ops<host> {
+  template <class T, index_t... D>
+  static Tensor<T, host, D...> from_host(Tensor<T, host, D...>&& t) {
+    return std::move(t);
+  }
+  template <class T>
+  static void zero(T* p, index_t n) {
+    std::fill(p, p + n, T(0));
+  }
+};
 
 // How a loss reduces its per-sample values: their mean (PyTorch's default) or their sum.
 enum class loss_reduction { mean, sum };
@@ -31,13 +57,13 @@ struct Parameter {
 // The Parameter of a variable. Allocates its gradient buffer and, while it holds no valid
 // gradient, zero-fills it (an optimizer that steps before any backward reads zeros) without
 // marking it valid (set-to-none semantics: the next backward writes it).
+// The pointers are in the variable's space S (device pointers for kiln::cuda).
 // ensures: the pointers stay valid while the variable keeps its shape.
 template <class T, class S, index_t... D>
 Parameter<T> parameter_of(const ag::Var<T, S, D...>& v) {
   auto& d = *v.data();
   T* g = d.ensure_grad();
-  if constexpr (std::is_same_v<S, host>)
-    if (!d.grad_valid) std::fill(g, g + d.value.size(), T(0));
+  if (!d.grad_valid) space_ops<S>::zero(g, d.value.size());
   return {d.value.data(), g, d.value.size(), &d};
 }
 
@@ -77,6 +103,9 @@ inline constexpr bool fuses_activation_v = fuses_activation_of<L>();
 namespace detail {
 
 // body(r) for every row r < rows, as ONE counted launch of kind k.
+// CPU executor only (body is a host lambda run through parallel_for); an op that must also run
+// on the CUDA executor gives a functor with a KILN_HOST_DEVICE operator()(r, c) to
+// exec.for_each_element(rows, 1, functor, ...) instead (see cross_entropy in nn/loss.hpp).
 // requires: body(r) writes only row r's outputs (rows run in parallel).
 template <class Exec, class Body>
 void for_each_row(Exec& exec, index_t rows, index_t cols, const char* k, std::string_view name, std::size_t bytes,
@@ -99,7 +128,7 @@ void for_each_col(Exec& exec, index_t rows, index_t cols, const char* k, std::st
 
 // Writes v to the gradient slot, or adds it when the gradient already holds a contribution.
 template <class T>
-inline void put_grad(T& slot, T v, bool add) {
+KILN_HOST_DEVICE void put_grad(T& slot, T v, bool add) {
   slot = add ? T(slot + v) : v;
 }
 

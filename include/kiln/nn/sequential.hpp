@@ -3,6 +3,13 @@
 // Adjacent feature sizes are checked when the type is instantiated. forward() runs the layers
 // as a left fold over an index sequence (bounded template depth, whatever the layer count), and
 // a Linear followed by an activation runs as GEMM + ONE fused act(z + b) kernel.
+//
+// Memory space: a model lives where its parameter layers do. Sequential::space is the space of
+// the layers that name one (Linear's Space; they must agree), kiln::host when none does, and
+// Sequential<...>::on<S> is the same model with every such layer rebound to S:
+//   using Mlp = nn::Sequential<nn::Linear<784, 256>, nn::ReLU, nn::Linear<256, 10>>;
+//   Mlp::on<kiln::cuda> gpu_model(seed);   // same initial numbers as Mlp(seed), on the device
+// (for kiln::cuda include kiln/nn/cuda.cuh). Layers without parameters are space-generic.
 #pragma once
 
 #include <array>
@@ -54,6 +61,28 @@ struct value_type_of {
   using type = typename L::value_type;
 };
 
+// L with its parameters in space S (L::on<S>), or L itself for a layer without a space.
+template <class L, class S>
+struct rebind_space {
+  using type = L;
+};
+template <class L, class S>
+  requires requires { typename L::template on<S>; }
+struct rebind_space<L, S> {
+  using type = typename L::template on<S>;
+};
+
+// L::space, or D for a layer that does not name one.
+template <class L, class D>
+struct space_of_or {
+  using type = D;
+};
+template <class L, class D>
+  requires requires { typename L::space; }
+struct space_of_or<L, D> {
+  using type = typename L::space;
+};
+
 template <class L>
 L make_layer(Generator& gen) {
   if constexpr (std::is_constructible_v<L, Generator&>) return L(gen);
@@ -75,6 +104,13 @@ class Sequential {
       if (typed_[i]) return i;
     return N;
   }();
+  static constexpr std::array<bool, N> spaced_{requires { typename Layers::space; }...};
+  static constexpr std::size_t first_spaced_ = [] {
+    for (std::size_t i = 0; i < N; ++i)
+      if (spaced_[i]) return i;
+    return N;
+  }();
+  struct no_layer {};
 
   // The output size of the nearest layer before i that fixes one (dyn if none).
   static constexpr index_t previous_outputs(std::size_t i) {
@@ -96,6 +132,17 @@ class Sequential {
       (first_typed_ < N),
       detail::value_type_of<std::tuple_element_t<(first_typed_ < N ? first_typed_ : 0), std::tuple<Layers..., float>>>,
       std::type_identity<float>>::type;
+
+  // Where the parameters live: the space of the first layer that names one (host if none).
+  using space =
+      typename detail::space_of_or<std::tuple_element_t<first_spaced_, std::tuple<Layers..., no_layer>>, host>::type;
+  static_assert((std::is_same_v<typename detail::space_of_or<Layers, space>::type, space> && ... && true),
+                "kiln::nn::Sequential: the layers keep their parameters in different memory spaces; use "
+                "Sequential<...>::on<Space> to put them all in one");
+
+  // The same model with every layer that has a space rebound to S (Linear<..., S>).
+  template <class S>
+  using on = Sequential<typename detail::rebind_space<Layers, S>::type...>;
 
   // The first layer's input size and the last layer's output size that are fixed (dyn if none).
   static constexpr index_t in_features = [] {
@@ -134,13 +181,16 @@ class Sequential {
   }
 
   // Every parameter as (value, grad, size, node), gradient buffers allocated; for optimizers.
+  // The pointers are in `space` (device pointers for a model on kiln::cuda).
   auto parameters() const {
     std::vector<Parameter<value_type>> out;
     for_each_parameter([&](const auto& v) { out.push_back(parameter_of(v)); });
     return out;
   }
 
-  // The parameters as an optimizer table (float models).
+  // The parameters as an optimizer table (float models). Its pointers are in `space`: for a
+  // model on kiln::cuda a table of device pointers, what the CUDA optimizer step
+  // (kiln/optim/cuda_step.cuh) takes; the host optimizers need a host model.
   optim::ParamTable param_table() const
     requires std::is_same_v<typename Sequential::value_type, float>
   {

@@ -1,0 +1,46 @@
+// kiln/nn/cuda.cuh — the nn layers on kiln::cuda: include from an nvcc translation unit to use
+// Linear<..., kiln::cuda> and Sequential<...>::on<kiln::cuda> (it includes the MLP headers:
+// activation, linear, loss, sequential).
+//
+// It defines nn::space_ops<cuda> (declared in kiln/nn/module.hpp): parameters are initialised on
+// the host, as for the host layers, and copied to the device with kiln::to_device; gradient
+// buffers are zero-filled with cudaMemset (on the legacy default stream, so ordered with a
+// CudaExecutor on the default stream or on any blocking stream).
+//
+//   using Mlp = nn::Sequential<nn::Linear<400, 256>, nn::ReLU, nn::Linear<256, 10>>;
+//   Mlp::on<kiln::cuda> model(seed);            // the numbers Mlp(seed) has, on the device
+//   kiln::CudaExecutor exec;
+//   ag::Tape<kiln::CudaExecutor> tape(exec);
+//   auto loss = nn::cross_entropy(tape, model.forward(tape, x), device_labels);
+//   tape.backward(loss);
+//   optim::ParamTable table = model.param_table();   // device pointers
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kiln/backend/cuda/check.cuh"
+#include "kiln/backend/cuda/executor.cuh"
+#include "kiln/backend/cuda/memory.cuh"
+#include "kiln/nn/activation.hpp"
+#include "kiln/nn/linear.hpp"
+#include "kiln/nn/loss.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/nn/sequential.hpp"
+
+namespace kiln::nn {
+
+template <>
+struct space_ops<cuda> {
+  template <class T, index_t... D>
+  static Tensor<T, cuda, D...> from_host(Tensor<T, host, D...>&& t) {
+    return to_device(t);
+  }
+  template <class T>
+  static void zero(T* p, index_t n) {
+    if (n > 0) KILN_CUDA_CHECK(cudaMemset(p, 0, std::size_t(n) * sizeof(T)));
+  }
+};
+
+}  // namespace kiln::nn
