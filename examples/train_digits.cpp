@@ -1,8 +1,10 @@
 // train_digits — the main job: an MLP 400-256-128-10 learns the digits20 set (20×20 MNIST
-// digits) with AdamW, on the CPU backend.
+// digits) with AdamW. Built by nvcc (when the toolkit exists) it trains on the GPU if one is
+// present and says so; otherwise, and in host-only builds, on the CPU backend.
 //
 //   build/examples/train_digits --data-dir data [--epochs 10] [--batch 64] [--lr 1e-3]
 //                               [--seed 0] [--threads 1]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +22,12 @@
 #include "kiln/nn/loss.hpp"
 #include "kiln/nn/sequential.hpp"
 #include "kiln/optim/adam.hpp"
+#if KILN_CUDA_COMPILER
+#include "kiln/cuda.cuh"
+#include "kiln/data/device_loader.cuh"
+#include "kiln/nn/cuda.cuh"
+#include "kiln/optim/cuda_step.cuh"
+#endif
 
 namespace {
 
@@ -82,19 +90,90 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 using Model = kiln::nn::Sequential<kiln::nn::Linear<400, 256>, kiln::nn::ReLU, kiln::nn::Linear<256, 128>,
                                    kiln::nn::ReLU, kiln::nn::Linear<128, 10>>;
 
-// Fraction of rows whose largest logit is the label.
-double accuracy(Model& model, kiln::ag::Tape<kiln::CpuExecutor>& tape, const kiln::data::Dataset& ds,
-                kiln::CpuExecutor& exec) {
-  kiln::ag::NoGrad no_grad;
-  kiln::ag::Var<float, kiln::host, kiln::dyn, 400> x(kiln::Tensor<float, kiln::host, kiln::dyn, 400>(ds.n, 400));
-  std::memcpy(x.value().data(), ds.features.data(), ds.features.size() * sizeof(float));
-  auto logits = model.forward(tape, x);
-  kiln::Tensor<std::int64_t, kiln::host, kiln::dyn> pred(ds.n);
-  kiln::assign(pred, kiln::argmax<kiln::reduce_over::last_axis>(logits.value()), exec);
-  kiln::index_t right = 0;
-  for (kiln::index_t i = 0; i < ds.n; ++i) right += pred(i) == ds.labels[std::size_t(i)];
-  return ds.n ? double(right) / double(ds.n) : 0.0;
-}
+// What differs between the backends: where batches and parameters live. The training loop
+// below is the same code for both.
+struct CpuBackend {
+  using Exec = kiln::CpuExecutor;
+  using Net = Model;
+  Exec exec;
+  Net model;
+  kiln::optim::AdamW optimizer;
+  kiln::data::Loader loader;
+  CpuBackend(const Options& o, const kiln::data::Dataset& train)
+      : exec(o.threads),
+        model(o.seed),
+        optimizer(model.param_table(), {.lr = o.lr}),
+        loader(train, {.batch_size = o.batch, .seed = o.seed, .workers = 0}) {}
+  void start_epoch(int e) { loader.start_epoch(e); }
+  // Copies the next batch into x; returns its labels (nullptr at the end of the epoch).
+  const std::int32_t* next(kiln::ag::Var<float, kiln::host, kiln::dyn, 400>& x) {
+    const kiln::data::Batch* b = loader.next();
+    if (!b) return nullptr;
+    x.value().resize(kiln::Shape{b->size, 400});
+    std::memcpy(x.value().data(), b->features.data(), b->features.size_bytes());
+    return b->labels.data();
+  }
+  float value(const kiln::ag::Var<float, kiln::host>& loss) { return loss.value().data()[0]; }
+  void step() { optimizer.step(exec); }
+  double wait_seconds() const { return loader.wait_seconds(); }
+  kiln::Tensor<std::int64_t, kiln::host, kiln::dyn> predict(const kiln::data::Dataset& ds,
+                                                            kiln::ag::Tape<Exec>& tape) {
+    kiln::ag::NoGrad no_grad;
+    kiln::ag::Var<float, kiln::host, kiln::dyn, 400> x(kiln::Tensor<float, kiln::host, kiln::dyn, 400>(ds.n, 400));
+    std::memcpy(x.value().data(), ds.features.data(), ds.features.size() * sizeof(float));
+    auto logits = model.forward(tape, x);
+    kiln::Tensor<std::int64_t, kiln::host, kiln::dyn> pred(ds.n);
+    kiln::assign(pred, kiln::argmax<kiln::reduce_over::last_axis>(logits.value()), exec);
+    return pred;
+  }
+};
+
+#if KILN_CUDA_COMPILER
+struct CudaBackend {
+  using Exec = kiln::CudaExecutor;
+  using Net = Model::on<kiln::cuda>;
+  Exec exec;
+  Net model;
+  kiln::optim::CudaAdamW optimizer;
+  kiln::data::Loader host_loader;
+  kiln::data::DeviceLoader loader;
+  CudaBackend(const Options& o, const kiln::data::Dataset& train)
+      : exec(),
+        model(o.seed),
+        optimizer(model.param_table(), {.lr = o.lr}),
+        host_loader(train, {.batch_size = o.batch, .seed = o.seed}),
+        loader(host_loader, exec.stream()) {}
+  void start_epoch(int e) { loader.start_epoch(e); }
+  const std::int32_t* next(kiln::ag::Var<float, kiln::cuda, kiln::dyn, 400>& x) {
+    const kiln::data::DeviceBatch* b = loader.next();
+    if (!b) return nullptr;
+    x.value().resize(kiln::Shape{b->size, 400});
+    KILN_CUDA_CHECK(cudaMemcpyAsync(x.value().data(), b->features, std::size_t(b->size) * 400 * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, exec.stream()));
+    return b->labels;
+  }
+  float value(const kiln::ag::Var<float, kiln::cuda>& loss) {
+    float l = 0;
+    KILN_CUDA_CHECK(cudaMemcpyAsync(&l, loss.value().data(), sizeof(float), cudaMemcpyDeviceToHost, exec.stream()));
+    exec.synchronize();
+    return l;
+  }
+  void step() { optimizer.step(exec); }
+  double wait_seconds() const { return loader.wait_seconds(); }
+  kiln::Tensor<std::int64_t, kiln::host, kiln::dyn> predict(const kiln::data::Dataset& ds,
+                                                            kiln::ag::Tape<Exec>& tape) {
+    kiln::ag::NoGrad no_grad;
+    kiln::Tensor<float, kiln::host, kiln::dyn, 400> hx(ds.n, 400);
+    std::memcpy(hx.data(), ds.features.data(), ds.features.size() * sizeof(float));
+    kiln::ag::Var<float, kiln::cuda, kiln::dyn, 400> x(kiln::to_device(hx));
+    auto logits = model.forward(tape, x);
+    kiln::Tensor<std::int64_t, kiln::cuda, kiln::dyn> pred(ds.n);
+    kiln::assign(pred, kiln::argmax<kiln::reduce_over::last_axis>(logits.value()), exec);
+    exec.synchronize();
+    return kiln::to_host(pred);
+  }
+};
+#endif
 
 void progress(int epoch, int epochs, kiln::index_t step, kiln::index_t steps, double secs, double loss) {
   const int width = 24, done = int(width * step / std::max<kiln::index_t>(steps, 1));
@@ -102,6 +181,66 @@ void progress(int epoch, int epochs, kiln::index_t step, kiln::index_t steps, do
               "########################", width - done, "", (long long)step, (long long)steps,
               secs > 0 ? double(step) / secs : 0.0, loss);
   std::fflush(stdout);
+}
+
+template <class Backend>
+double accuracy(Backend& be, kiln::ag::Tape<typename Backend::Exec>& tape, const kiln::data::Dataset& ds) {
+  const auto pred = be.predict(ds, tape);
+  kiln::index_t right = 0;
+  for (kiln::index_t i = 0; i < ds.n; ++i) right += pred(i) == ds.labels[std::size_t(i)];
+  return ds.n ? double(right) / double(ds.n) : 0.0;
+}
+
+template <class Backend>
+void train_on(const Options& opt, const kiln::data::Dataset& train, const kiln::data::Dataset& test) {
+  Backend be(opt, train);
+  kiln::ag::Tape<typename Backend::Exec> tape(be.exec);
+  kiln::ag::Var<float, typename Backend::Exec::space, kiln::dyn, 400> x;
+  std::vector<double> epoch_seconds;
+  kiln::index_t global_step = 0, measured_steps = 0;
+  kiln::LaunchStats step_stats;
+  const kiln::index_t per_epoch = (train.n + opt.batch - 1) / opt.batch;
+  const auto start = Clock::now();
+  for (int epoch = 0; epoch < opt.epochs; ++epoch) {
+    const auto t0 = Clock::now();
+    be.start_epoch(epoch);
+    double loss_sum = 0;
+    kiln::index_t steps = 0;
+    if (epoch == opt.epochs - 1) be.exec.stats().reset();  // the fusion report counts the last epoch
+    while (const std::int32_t* labels = be.next(x)) {
+      auto logits = be.model.forward(tape, x);
+      auto loss = kiln::nn::cross_entropy(tape, logits, labels);
+      const float l = be.value(loss);
+      KILN_CHECK(std::isfinite(l), kiln::NumericError, "the loss is ", l, " at step ", global_step, " (epoch ",
+                 epoch + 1, "): training diverged; lower --lr");
+      be.model.zero_grad();
+      tape.backward(loss);
+      be.step();
+      loss_sum += l;
+      ++steps;
+      ++global_step;
+      if (steps % 8 == 0 || steps == per_epoch)
+        progress(epoch, opt.epochs, steps, per_epoch, seconds_since(t0), loss_sum / double(steps));
+    }
+    if (epoch == opt.epochs - 1) {
+      step_stats = be.exec.stats();
+      measured_steps = steps;
+    }
+    const double secs = seconds_since(t0);
+    epoch_seconds.push_back(secs);
+    const double acc = accuracy(be, tape, test);
+    std::printf("\repoch %2d/%d  train loss %.4f  test accuracy %.4f  %.3f s%*s\n", epoch + 1, opt.epochs,
+                loss_sum / double(std::max<kiln::index_t>(steps, 1)), acc, secs, 30, "");
+  }
+  const double total = seconds_since(start);
+  std::vector<double> sorted = epoch_seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const double final_acc = accuracy(be, tape, test);
+  std::printf("final test accuracy %.4f; total %.2f s; median epoch %.4f s; waited for data %.4f s\n", final_acc,
+              total, sorted[sorted.size() / 2], be.wait_seconds());
+  std::printf("fusion report: %.1f kernels per training step:", double(step_stats.launches()) / double(measured_steps));
+  for (const auto& [k, n] : step_stats.by_kind()) std::printf(" %.1f %s", double(n) / double(measured_steps), k.c_str());
+  std::printf("\n");
 }
 
 }  // namespace
@@ -118,65 +257,21 @@ int main(int argc, char** argv) try {
   norm.apply(train);
   norm.apply(test);
 
-  std::printf("kiln train_digits: CPU backend, %d thread%s (this example runs on the CPU; CUDA tests and "
-              "benchmarks are separate)\n",
-              opt.threads, opt.threads == 1 ? "" : "s");
   std::printf("data: %lld train / %lld test digits, %lld features; MLP 400-256-128-10, AdamW lr %g, batch %lld\n",
               (long long)train.n, (long long)test.n, (long long)train.d, opt.lr, (long long)opt.batch);
-
-  kiln::CpuExecutor exec(opt.threads);
-  kiln::ag::Tape<kiln::CpuExecutor> tape(exec);
-  Model model(opt.seed);
-  kiln::optim::AdamW optimizer(model.param_table(), {.lr = opt.lr});
-  kiln::data::Loader loader(train, {.batch_size = opt.batch, .seed = opt.seed, .workers = 0});
-
-  kiln::ag::Var<float, kiln::host, kiln::dyn, 400> x;
-  std::vector<double> epoch_seconds;
-  kiln::index_t global_step = 0, measured_steps = 0;
-  kiln::LaunchStats step_stats;
-  const auto start = Clock::now();
-  for (int epoch = 0; epoch < opt.epochs; ++epoch) {
-    const auto t0 = Clock::now();
-    loader.start_epoch(epoch);
-    double loss_sum = 0;
-    kiln::index_t steps = 0;
-    const kiln::index_t per_epoch = (train.n + opt.batch - 1) / opt.batch;
-    if (epoch == opt.epochs - 1) exec.stats().reset();  // the fusion report counts the last epoch
-    while (const kiln::data::Batch* batch = loader.next()) {
-      x.value().resize(kiln::Shape{batch->size, 400});
-      std::memcpy(x.value().data(), batch->features.data(), batch->features.size_bytes());
-      auto logits = model.forward(tape, x);
-      auto loss = kiln::nn::cross_entropy(tape, logits, batch->labels.data());
-      const float l = loss.value().data()[0];
-      KILN_CHECK(std::isfinite(l), kiln::NumericError, "the loss is ", l, " at step ", global_step, " (epoch ",
-                 epoch + 1, "): training diverged; lower --lr");
-      model.zero_grad();
-      tape.backward(loss);
-      optimizer.step(exec);
-      loss_sum += l;
-      ++steps;
-      ++global_step;
-      if (steps % 8 == 0 || steps == per_epoch) progress(epoch, opt.epochs, steps, per_epoch, seconds_since(t0), loss_sum / double(steps));
-    }
-    if (epoch == opt.epochs - 1) {
-      step_stats = exec.stats();
-      measured_steps = steps;
-    }
-    const double secs = seconds_since(t0);
-    epoch_seconds.push_back(secs);
-    const double acc = accuracy(model, tape, test, exec);
-    std::printf("\repoch %2d/%d  train loss %.4f  test accuracy %.4f  %.3f s%*s\n", epoch + 1, opt.epochs,
-                loss_sum / double(std::max<kiln::index_t>(steps, 1)), acc, secs, 30, "");
+#if KILN_CUDA_COMPILER
+  if (kiln::cu::device_available()) {
+    std::printf("device: CUDA (%s)\n", kiln::cu::device_name().c_str());
+    train_on<CudaBackend>(opt, train, test);
+    return 0;
   }
-  const double total = seconds_since(start);
-  std::vector<double> sorted = epoch_seconds;
-  std::sort(sorted.begin(), sorted.end());
-  const double final_acc = accuracy(model, tape, test, exec);
-  std::printf("final test accuracy %.4f; total %.2f s; median epoch %.4f s; waited for data %.4f s\n", final_acc,
-              total, sorted[sorted.size() / 2], loader.wait_seconds());
-  std::printf("fusion report: %.1f kernels per training step:", double(step_stats.launches()) / double(measured_steps));
-  for (const auto& [k, n] : step_stats.by_kind()) std::printf(" %.1f %s", double(n) / double(measured_steps), k.c_str());
-  std::printf("\n");
+  std::printf("device: CPU, %d thread%s (no CUDA device: %s)\n", opt.threads, opt.threads == 1 ? "" : "s",
+              kiln::cu::device_unavailable_reason().c_str());
+#else
+  std::printf("device: CPU, %d thread%s (this build has no CUDA: nvcc was not found)\n", opt.threads,
+              opt.threads == 1 ? "" : "s");
+#endif
+  train_on<CpuBackend>(opt, train, test);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_digits: %s\n", e.what());
