@@ -14,6 +14,8 @@
 // at least 3), --threads T (default 0: all OpenMP threads).
 #include <kiln.hpp>
 
+#include "chains.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -77,19 +79,7 @@ double seconds(F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The k-op chain of the cheap family. Scalars are chosen so values stay O(1) for any k.
-template <int K>
-auto chain(const Vec& x) {
-  const float a = 1.5f, b = -0.25f, c = 3.0f, d = 0.5f, e = 0.125f, f = 0.75f, g = 2.0f;
-  if constexpr (K == 1) return x * a;
-  else if constexpr (K == 2) return x * a + b;
-  else if constexpr (K == 3) return kiln::maximum(x * a + b, 0.0f);
-  else if constexpr (K == 4) return kiln::maximum(x * a + b, 0.0f) * c;
-  else if constexpr (K == 5) return kiln::maximum(x * a + b, 0.0f) * c - d;
-  else if constexpr (K == 6) return kiln::maximum(x * a + b, 0.0f) * c - d + e;
-  else if constexpr (K == 7) return (kiln::maximum(x * a + b, 0.0f) * c - d + e) * f;
-  else return kiln::minimum((kiln::maximum(x * a + b, 0.0f) * c - d + e) * f, g);
-}
+using kiln_bench::chain;
 
 auto transcendental(const Vec& x) { return kiln::sigmoid(kiln::tanh(kiln::exp(x))); }
 

@@ -12,22 +12,13 @@
 
 #include "kiln/cuda.cuh"
 
+#include "chains.hpp"
+
 namespace {
 
 using Vec = kiln::Tensor<float, kiln::cuda, kiln::dyn>;
 
-template <int K>
-auto chain(const Vec& x) {
-  const float a = 1.5f, b = -0.25f, c = 3.0f, d = 0.5f, e = 0.125f, f = 0.75f, g = 2.0f;
-  if constexpr (K == 1) return x * a;
-  else if constexpr (K == 2) return x * a + b;
-  else if constexpr (K == 3) return kiln::maximum(x * a + b, 0.0f);
-  else if constexpr (K == 4) return kiln::maximum(x * a + b, 0.0f) * c;
-  else if constexpr (K == 5) return kiln::maximum(x * a + b, 0.0f) * c - d;
-  else if constexpr (K == 6) return kiln::maximum(x * a + b, 0.0f) * c - d + e;
-  else if constexpr (K == 7) return (kiln::maximum(x * a + b, 0.0f) * c - d + e) * f;
-  else return kiln::minimum((kiln::maximum(x * a + b, 0.0f) * c - d + e) * f, g);
-}
+using kiln_bench::chain;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
