@@ -1,7 +1,9 @@
 // kiln/autograd/matmul.hpp — C = op(A)·op(B) on variables; backward is two GEMMs that add
-// into the inputs' gradients (beta = 1) or write them (beta = 0, first contribution).
+// into the inputs' gradients (beta = 1) or write them (beta = 0, first contribution), or hand
+// the GEMM to the input's producer when it offers to fold its backward in (autograd/fold.hpp).
 #pragma once
 
+#include "kiln/autograd/fold.hpp"
 #include "kiln/autograd/tape.hpp"
 #include "kiln/ops/matmul.hpp"
 
@@ -27,18 +29,12 @@ auto matmul(Tape<Exec>& tape, const Var<T, S, A0, A1>& a, const Var<T, S, B0, B1
     const T* A = ad->value.data();
     const T* B = bd->value.data();
     if (ad->requires_grad) {
-      const float beta = ad->grad_valid ? 1.f : 0.f;
-      T* dA = ad->ensure_grad();
-      if (!ta) exec.gemm(false, !tb, m, k, n, 1.f, dc, n, B, ldb, beta, dA, k);  // dC·op(B)ᵀ
-      else exec.gemm(tb, true, k, m, n, 1.f, B, ldb, dc, n, beta, dA, m);       // op(B)·dCᵀ
-      ad->grad_valid = true;
+      if (!ta) gemm_into_grad(exec, *ad, false, !tb, m, k, n, dc, n, B, ldb);  // dC·op(B)ᵀ
+      else gemm_into_grad(exec, *ad, tb, true, k, m, n, B, ldb, dc, n);        // op(B)·dCᵀ
     }
     if (bd->requires_grad) {
-      const float beta = bd->grad_valid ? 1.f : 0.f;
-      T* dB = bd->ensure_grad();
-      if (!tb) exec.gemm(!ta, false, k, n, m, 1.f, A, lda, dc, n, beta, dB, n);  // op(A)ᵀ·dC
-      else exec.gemm(true, ta, n, k, m, 1.f, dc, n, A, lda, beta, dB, k);        // dCᵀ·op(A)
-      bd->grad_valid = true;
+      if (!tb) gemm_into_grad(exec, *bd, !ta, false, k, n, m, A, lda, dc, n);  // op(A)ᵀ·dC
+      else gemm_into_grad(exec, *bd, true, ta, n, k, m, dc, n, A, lda);        // dCᵀ·op(A)
     }
   });
   return out;

@@ -19,6 +19,11 @@ namespace kiln::ag {
 struct VarNode {
   bool requires_grad = false;
   bool grad_valid = false;  // false: the gradient buffer holds no contribution yet
+  // Set by the op that produced this variable when it can run the first step of its own backward
+  // inside the GEMM that computes this variable's gradient (ag::linear's act' and bias gradient
+  // in a DRELU_BGRAD-style epilogue). Keyed by executor and value type; see autograd/fold.hpp.
+  std::shared_ptr<void> fold;
+  const void* fold_key = nullptr;
   virtual ~VarNode() = default;
 };
 

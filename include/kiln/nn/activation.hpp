@@ -1,8 +1,9 @@
 // kiln/nn/activation.hpp — activations as autograd ops (ag::map: ONE fused kernel forward, ONE
 // derived kernel backward) and as layers.
 //
-// A layer names its function once, in apply(expr): Sequential hands that expression to the
-// preceding Linear, which computes act(x·Wᵀ + b) with ONE elementwise kernel after the GEMM.
+// A layer names its function once, as a kiln::fn functor: apply(expr) uses it in expressions, and
+// Sequential hands it to the preceding Linear, which computes act(x·Wᵀ + b) as ONE GEMM with an
+// epilogue (autograd/linear.hpp).
 #pragma once
 
 #include <utility>
@@ -13,13 +14,14 @@
 
 namespace kiln::nn {
 
-#define KILN_NN_ACTIVATION(fname, Layer)                                       \
+#define KILN_NN_ACTIVATION(fname, Layer, Functor)                              \
   template <class Exec, class T, class S, index_t... D>                        \
   auto fname(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {             \
     return ag::map(tape, ::kiln::fname(x));                                    \
   }                                                                            \
   struct Layer {                                                               \
     static constexpr bool is_activation = true;                                \
+    using functor = Functor;                                                   \
     template <class E>                                                         \
     static auto apply(E&& e) {                                                 \
       return ::kiln::fname(std::forward<E>(e));                                \
@@ -30,13 +32,13 @@ namespace kiln::nn {
     }                                                                          \
   };
 
-KILN_NN_ACTIVATION(relu, ReLU)
-KILN_NN_ACTIVATION(gelu, GELU)  // the exact (erf) form, PyTorch's default
-KILN_NN_ACTIVATION(gelu_tanh, GELUTanh)
-KILN_NN_ACTIVATION(silu, SiLU)
-KILN_NN_ACTIVATION(tanh, Tanh)
-KILN_NN_ACTIVATION(sigmoid, Sigmoid)
-KILN_NN_ACTIVATION(softplus, Softplus)
+KILN_NN_ACTIVATION(relu, ReLU, fn::Relu)
+KILN_NN_ACTIVATION(gelu, GELU, fn::GeluErf)  // the exact (erf) form, PyTorch's default
+KILN_NN_ACTIVATION(gelu_tanh, GELUTanh, fn::GeluTanh)
+KILN_NN_ACTIVATION(silu, SiLU, fn::Silu)
+KILN_NN_ACTIVATION(tanh, Tanh, fn::Tanh)
+KILN_NN_ACTIVATION(sigmoid, Sigmoid, fn::Sigmoid)
+KILN_NN_ACTIVATION(softplus, Softplus, fn::Softplus)
 #undef KILN_NN_ACTIVATION
 
 }  // namespace kiln::nn

@@ -1,8 +1,9 @@
 // kiln/nn/linear.hpp — y = x·Wᵀ + b with PyTorch's layout ([Out, In] weight) and default init.
 //
-// Forward is one GEMM and ONE elementwise kernel for the bias; forward_fused<Act> folds an
-// activation into that kernel, act(x·Wᵀ + b), whose backward is ONE derived kernel (plus the
-// bias's column reduction) — Sequential does this for every Linear followed by an activation.
+// Forward is ONE GEMM whose epilogue adds the bias; forward_fused<Act> puts an activation into the
+// same epilogue, act(x·Wᵀ + b) — Sequential does this for every Linear followed by an activation.
+// Backward is GEMMs only: act' and the bias gradient ride on the next layer's dX GEMM (or on one
+// dact kernel) and the weight gradient's GEMM (autograd/linear.hpp).
 //
 // Space is where the parameters live (kiln::host or kiln::cuda). Initial values are always drawn
 // on the host, in PyTorch's order, and moved into Space (space_ops<Space>::from_host), so a
@@ -12,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kiln/autograd/linear.hpp"
 #include "kiln/autograd/map.hpp"
 #include "kiln/autograd/matmul.hpp"
 #include "kiln/core/random.hpp"
@@ -40,20 +42,23 @@ class Linear {
   explicit Linear(Generator& gen) : weight_(init_weight(gen), true), bias_(init_bias(gen)) {}
   explicit Linear(std::uint64_t seed = 0) : Linear(lvalue(Generator(seed))) {}
 
-  // x [B, In] -> [B, Out].
+  // x [B, In] -> [B, Out]: ONE GEMM with a bias epilogue.
   template <class Exec, index_t B, index_t I>
   auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
-    const auto z = product(tape, x);
-    if constexpr (Bias) return ag::map(tape, z + bias_);
-    else return z;
+    return run<fn::Identity>(tape, x);
   }
 
-  // act(x·Wᵀ + b) with the activation in the bias kernel; Act is an activation layer type.
+  // act(x·Wᵀ + b) as ONE GEMM with a bias + activation epilogue; Act is an activation layer type
+  // (one without a kiln::fn functor gets GEMM + ONE fused act(z + b) kernel instead).
   template <class Act, class Exec, index_t B, index_t I>
   auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
-    const auto z = product(tape, x);
-    if constexpr (Bias) return ag::map(tape, Act::apply(z + bias_));
-    else return ag::map(tape, Act::apply(z));
+    if constexpr (requires { typename Act::functor; }) {
+      return run<typename Act::functor>(tape, x);
+    } else {
+      const auto z = product(tape, x);
+      if constexpr (Bias) return ag::map(tape, Act::apply(z + bias_));
+      else return ag::map(tape, Act::apply(z));
+    }
   }
 
   template <class F>
@@ -88,9 +93,19 @@ class Linear {
   }
 
   template <class Exec, index_t B, index_t I>
+  void check_input(const ag::Var<T, Space, B, I>& x) const {
+    KILN_CHECK(x.shape().rank == 2 && x.dim(1) == In, ShapeError, "Linear<", In, ", ", Out, ">: the input has shape ",
+               x.shape().str(), "; its last size must be ", In);
+  }
+  template <class Act, class Exec, index_t B, index_t I>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
+    check_input<Exec>(x);
+    if constexpr (Bias) return ag::linear<Act>(tape, x, weight_, bias_);
+    else return ag::linear<Act>(tape, x, weight_);
+  }
+  template <class Exec, index_t B, index_t I>
   auto product(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
-    KILN_CHECK(x.dim(1) == In, ShapeError, "Linear<", In, ", ", Out, ">: the input has shape ", x.shape().str(),
-               "; its last size must be ", In);
+    check_input<Exec>(x);
     return ag::matmul(tape, x, weight_, false, true);
   }
 

@@ -2,7 +2,7 @@
 //
 // Adjacent feature sizes are checked when the type is instantiated. forward() runs the layers
 // as a left fold over an index sequence (bounded template depth, whatever the layer count), and
-// a Linear followed by an activation runs as GEMM + ONE fused act(z + b) kernel.
+// a Linear followed by an activation runs as ONE GEMM with a bias + activation epilogue.
 //
 // Memory space: a model lives where its parameter layers do. Sequential::space is the space of
 // the layers that name one (Linear's Space; they must agree), kiln::host when none does, and

@@ -11,10 +11,12 @@
 
 #include "kiln/config.hpp"
 #include "kiln/core/dtype.hpp"
+#include "kiln/core/epilogue.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/core/temp_pool.hpp"
 #include "kiln/core/view.hpp"
 #include "kiln/expr/evaluator.hpp"
+#include "kiln/backend/cpu/epilogue.hpp"
 #include "kiln/backend/cpu/gemm.hpp"
 
 #if defined(_OPENMP)
@@ -134,9 +136,71 @@ class CpuExecutor {
   void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
             index_t ldb, float beta, C* c, index_t ldc) {
     stats_.count(kind::gemm, "gemm", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
-    using Acc = cpu::gemm_acc_t<T>;
-    cpu::gemm<T>(ta ? cpu::trans::yes : cpu::trans::no, tb ? cpu::trans::yes : cpu::trans::no, m, n, k, Acc(alpha),
-                 a, lda, b, ldb, Acc(beta), c, ldc, threads_);
+    run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+  // ---- GEMM epilogues (kiln/core/epilogue.hpp) ---------------------------------------------
+  // Each is ONE counted gemm launch: the GEMM, then one pass over the output it just wrote.
+
+  // Bytes of the aux buffer BiasAct<Act, T> writes for an [m, n] output: the pre-activation z.
+  template <class Act, class T>
+  static constexpr std::size_t act_aux_bytes(index_t m, index_t n) {
+    return is_identity_act_v<Act> ? 0 : std::size_t(m * n) * sizeof(T);
+  }
+  // Whether a GEMM with inner size k can take a DAct epilogue (always, on the CPU).
+  template <class Act>
+  static constexpr bool folds_dact(index_t) {
+    return true;
+  }
+
+  // C = act(alpha·op(A)·op(B) + beta·C + bias[j]), the pre-activation saved to ep.aux (unless
+  // null: a forward with no backward to come).
+  template <class T, class Act>
+  void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
+            index_t ldb, float beta, T* c, index_t ldc, const BiasAct<Act, T>& ep) {
+    stats_.count(kind::gemm, bias_act_name<Act>(ep.bias != nullptr), m * n,
+                 std::size_t(m * k + k * n + 2 * m * n) * sizeof(T));
+    run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (is_identity_act_v<Act> && !ep.bias) return;
+    T* aux = static_cast<T*>(ep.aux);
+    parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(n, 1)), [&](index_t rb, index_t re) {
+      cpu::bias_act_rows<Act>(rb, re, n, c, ldc, ep.bias, aux);
+    });
+  }
+
+  // C = (alpha·op(A)·op(B)) * act'(aux), and ep.dbias[j] (=|+=) the column sums of C.
+  template <class T, class Act>
+  void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
+            index_t ldb, float beta, T* c, index_t ldc, const DAct<Act, T>& ep) {
+    KILN_CHECK(beta == 0.f, ValueError, "gemm with a d", Act::name, " epilogue writes its output (beta must be 0)");
+    stats_.count(kind::gemm, dact_name<Act>(ep.dbias != nullptr), m * n,
+                 std::size_t(m * k + k * n + 3 * m * n) * sizeof(T));
+    run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
+    run_dact<Act>(m, n, c, ldc, static_cast<const T*>(ep.aux), c, ldc, false, ep.dbias, ep.add_dbias);
+  }
+
+  // C = alpha·op(A)·op(B) + beta·C, and ep.dbias[i] (=|+=) sum_p op(A)[i, p]; needs ta.
+  template <class T>
+  void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
+            index_t ldb, float beta, T* c, index_t ldc, const BGradA<T>& ep) {
+    KILN_CHECK(ta, ValueError, "gemm with a bgrada epilogue needs a transposed A (its rows are summed over k)");
+    stats_.count(kind::gemm, "gemm+bgrada", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
+    run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (!ep.dbias) return;
+    parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(k, 1)), [&](index_t cb, index_t ce) {
+      cpu::col_sums(k, cb, ce, a, lda, ep.dbias, ep.add_dbias);
+    });
+  }
+
+  // d (=|+=) g * act'(aux) and dbias[j] (=|+=) its column sums, for an [m, n] gradient g with
+  // row stride n (aux from a BiasAct epilogue; `out`, the activation's output, is unused here).
+  // d or dbias may be null. ONE elementwise launch.
+  template <class Act, class T>
+  void dact(index_t m, index_t n, const T* g, const void* aux, const T* out, T* d, bool add_d, T* dbias,
+            bool add_dbias) {
+    (void)out;
+    stats_.count(kind::elementwise, "dact", m * n, std::size_t(3 * m * n) * sizeof(T));
+    run_dact<Act>(m, n, g, n, static_cast<const T*>(aux), d, n, add_d, dbias, add_dbias);
   }
 
   // Reduces ev over each row (per_row: out[r] for r < rows) or over everything (out[0]).
@@ -205,6 +269,21 @@ class CpuExecutor {
     if (e - b == 1) return p[b];
     const index_t mid = b + (e - b) / 2;
     return Op::merge(merge_tree<Op, T>(p, b, mid), merge_tree<Op, T>(p, mid, e));
+  }
+
+  template <class T, class C>
+  void run_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
+                index_t ldb, float beta, C* c, index_t ldc) const {
+    using Acc = cpu::gemm_acc_t<T>;
+    cpu::gemm<T>(ta ? cpu::trans::yes : cpu::trans::no, tb ? cpu::trans::yes : cpu::trans::no, m, n, k, Acc(alpha),
+                 a, lda, b, ldb, Acc(beta), c, ldc, threads_);
+  }
+  template <class Act, class T>
+  void run_dact(index_t m, index_t n, const T* g, index_t ldg, const T* z, T* d, index_t ldd, bool add_d, T* dbias,
+                bool add_dbias) const {
+    parallel_for(n, std::max<index_t>(1, grain / std::max<index_t>(m, 1)), [&](index_t cb, index_t ce) {
+      cpu::dact_cols<Act>(m, cb, ce, n, g, ldg, z, d, ldd, add_d, dbias, add_dbias);
+    });
   }
 
   int threads_;

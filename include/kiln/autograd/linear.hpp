@@ -1,0 +1,169 @@
+// kiln/autograd/linear.hpp — y = act(x·Wᵀ + b) as ONE GEMM with a fused epilogue, and a
+// backward of GEMMs only.
+//
+//   auto h = ag::linear<fn::Relu>(tape, x, w, b);   // x [B, In], w [Out, In], b [Out] -> [B, Out]
+//   auto y = ag::linear(tape, h, w2);               // no activation, no bias
+//
+// Forward: exec.gemm with a BiasAct epilogue (kiln/core/epilogue.hpp) — on CUDA cuBLASLt's
+// RELU_AUX_BIAS / GELU_AUX_BIAS / BIAS in one call — which also saves what act' needs (aux).
+// Backward, for the gradient dY of y:
+//   dZ = dY * act'(z) and db = column sums of dZ: folded into the GEMM that produced dY (the next
+//     layer's dX GEMM gets a DRELU_BGRAD-style epilogue) through the offer this op leaves on y
+//     (autograd/fold.hpp); when no GEMM took the offer, ONE dact kernel computes both from dY;
+//   dW (+)= dZᵀ·x, with the BGRADA epilogue giving db when there is no activation;
+//   dx (+)= dZ·W, offered in turn to x's producer.
+// So an MLP's backward is its GEMMs and nothing else: three per layer become two plus the one
+// the next layer already runs.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+
+#include "kiln/autograd/fold.hpp"
+#include "kiln/autograd/tape.hpp"
+#include "kiln/core/epilogue.hpp"
+#include "kiln/core/temp_pool.hpp"
+
+namespace kiln::ag {
+
+namespace detail {
+
+// What a linear op keeps for its backward: the aux buffer, and the offer (with its dZ buffer).
+template <class Exec, class T, class Act, class BiasData>
+struct LinearState final : GemmGradFold<Exec, T> {
+  using Buffer = typename TempPool<typename Exec::space>::Buffer;
+  Buffer aux;
+  Buffer dz;                                // dZ, once a consumer's GEMM took the offer
+  std::shared_ptr<BiasData> bias;           // null without a bias
+  const T* out = nullptr;                   // y's values (the CUDA ReLU path reads their sign)
+  index_t rows = 0, cols = 0;
+  bool taken = false;
+
+  T* dz_data() const { return static_cast<T*>(dz.get()); }
+
+  // db (=|+=) its contribution: the pointer to write, or null when the bias needs no gradient.
+  T* bias_grad(bool& add) const {
+    if constexpr (std::is_same_v<BiasData, VarNode>) {  // the op has no bias
+      return nullptr;
+    } else {
+      if (!bias || !bias->requires_grad) return nullptr;
+      add = bias->grad_valid;
+      return bias->ensure_grad();
+    }
+  }
+
+  bool gemm(Exec& exec, bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, index_t lda, const T* b,
+            index_t ldb) override {
+    if (taken || m != rows || n != cols || !exec.template folds_dact<Act>(k)) return false;
+    dz = exec.temps().take(std::size_t(m * n) * sizeof(T));
+    bool add = false;
+    T* db = bias_grad(add);
+    exec.gemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, dz_data(), n, DAct<Act, T>{aux.get(), out, db, add});
+    if (db) bias->grad_valid = true;
+    taken = true;
+    return true;
+  }
+};
+
+template <class Act, class Exec, class T, class S, index_t B, index_t I, index_t O, index_t I2, class BiasVar>
+auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, I2>& w, const BiasVar* bias) {
+  static_assert(std::is_same_v<S, typename Exec::space>,
+                "kiln: ag::linear's variables must live in the executor's memory space");
+  static_assert(I == dyn || I2 == dyn || I == I2,
+                "kiln: ag::linear(x, w): x's last size must equal w's second size (y = x·wᵀ)");
+  constexpr bool has_bias = !std::is_same_v<BiasVar, std::nullptr_t>;
+  constexpr bool identity = is_identity_act_v<Act>;
+  const index_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  KILN_CHECK(w.dim(1) == k, ShapeError, "linear: x has shape ", x.shape().str(), " and the weight ",
+             w.shape().str(), "; the weight must be [out, ", k, "]");
+  const T* bias_values = nullptr;
+  bool bias_grad = false;
+  if constexpr (has_bias) {
+    KILN_CHECK(bias->dim(0) == n, ShapeError, "linear: the bias has shape ", bias->shape().str(),
+               " but the weight has ", n, " outputs");
+    bias_values = bias->value().data();
+    bias_grad = bias->requires_grad();
+  }
+  using BiasData = std::conditional_t<has_bias, typename std::conditional_t<has_bias, BiasVar, Var<T, S>>::data_type,
+                                      VarNode>;
+  using State = LinearState<Exec, T, Act, BiasData>;
+
+  Exec& exec = tape.exec();
+  Var<T, S, B, O> y(typename Var<T, S, B, O>::tensor_type(Shape{m, n}));
+  const bool needs_grad = tape.recording() && (x.requires_grad() || w.requires_grad() || bias_grad);
+  auto state = std::make_shared<State>();
+  state->rows = m;
+  state->cols = n;
+  state->out = y.value().data();
+  if constexpr (has_bias) state->bias = bias->data();
+  // Without a backward to come nothing needs saving; executors then skip the aux write.
+  if (!identity && needs_grad) state->aux = exec.temps().take(exec.template act_aux_bytes<Act, T>(m, n));
+  exec.gemm(false, true, m, n, k, 1.f, x.value().data(), k, w.value().data(), k, 0.f, y.value().data(), n,
+            BiasAct<Act, T>{bias_values, state->aux.get()});
+  if (!needs_grad) return y;
+  y.set_requires_grad(true);
+  if constexpr (!identity) offer_fold<Exec, T>(*y.data(), state);
+
+  tape.record([xd = x.data(), wd = w.data(), yd = y.data(), state, m, n, k](Exec& exec) {
+    State& st = *state;
+    const bool folded = st.taken;
+    if (!folded && !yd->grad_valid) return;  // nothing flowed back into y
+    bool add_db = false;
+    T* db = st.bias_grad(add_db);
+    bool bias_done = false;
+    typename State::Buffer scratch;
+    const T* dz = nullptr;
+    if constexpr (identity) {
+      dz = yd->grad.data();
+    } else if (folded) {  // the consumer's GEMM wrote dZ and db; add what others sent to dY
+      dz = st.dz_data();
+      if (yd->grad_valid)
+        exec.template dact<Act>(m, n, yd->grad.data(), st.aux.get(), st.out, st.dz_data(), true, db, true);
+      bias_done = true;
+    } else {
+      scratch = exec.temps().take(std::size_t(m * n) * sizeof(T));
+      T* d = static_cast<T*>(scratch.get());
+      exec.template dact<Act>(m, n, yd->grad.data(), st.aux.get(), st.out, d, false, db, add_db);
+      dz = d;
+      bias_done = true;
+    }
+    if (wd->requires_grad) {
+      const float beta = wd->grad_valid ? 1.f : 0.f;
+      T* dw = wd->ensure_grad();
+      if (db && !bias_done) {
+        exec.gemm(true, false, n, k, m, 1.f, dz, n, xd->value.data(), k, beta, dw, k, BGradA<T>{db, add_db});
+        bias_done = true;
+      } else {
+        exec.gemm(true, false, n, k, m, 1.f, dz, n, xd->value.data(), k, beta, dw, k);
+      }
+      wd->grad_valid = true;
+    }
+    if (db && !bias_done)  // no weight gradient to ride on: the column sums alone
+      exec.template dact<fn::Identity>(m, n, dz, static_cast<const void*>(nullptr), static_cast<const T*>(nullptr),
+                                        static_cast<T*>(nullptr), false, db, add_db);
+    if (db) st.bias->grad_valid = true;
+    if (xd->requires_grad) gemm_into_grad(exec, *xd, false, false, m, k, n, dz, n, wd->value.data(), k);
+    st.taken = false;
+    st.dz = typename State::Buffer();
+  });
+  return y;
+}
+
+}  // namespace detail
+
+// y = act(x·wᵀ + b); Act is a kiln::fn functor (fn::Identity: none).
+template <class Act = fn::Identity, class Exec, class T, class S, index_t B, index_t I, index_t O, index_t I2,
+          index_t OB>
+auto linear(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, I2>& w, const Var<T, S, OB>& b) {
+  static_assert(O == dyn || OB == dyn || O == OB, "kiln: ag::linear(x, w, b): b's size must equal w's first size");
+  return detail::linear_impl<Act>(tape, x, w, &b);
+}
+
+// y = act(x·wᵀ), no bias.
+template <class Act = fn::Identity, class Exec, class T, class S, index_t B, index_t I, index_t O, index_t I2>
+auto linear(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, I2>& w) {
+  return detail::linear_impl<Act>(tape, x, w, static_cast<const std::nullptr_t*>(nullptr));
+}
+
+}  // namespace kiln::ag
