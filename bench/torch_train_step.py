@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""PyTorch eager CPU training step for MLP 400-256-128-10 (ReLU): forward, cross-entropy,
+"""PyTorch eager training step for MLP 400-256-128-10 (ReLU): forward, cross-entropy,
 backward, AdamW step, zero_grad(set_to_none=True). Random inputs; warmup, then the median
 over many steps. One JSON line per batch size. Run: /usr/bin/python3 bench/torch_train_step.py
+
+--device cpu (default): each step timed on its own; the median step.
+--device cuda: --reps blocks of --steps steps, each timed by CUDA events around the block with
+no synchronisation inside it; the median block over --steps (as bench/train_step_cuda).
 """
 import argparse
 import ctypes
@@ -14,13 +18,19 @@ ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--batches", default="64,256,1024")
 ap.add_argument("--warmup", type=int, default=30)
 ap.add_argument("--steps", type=int, default=300)
+ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+ap.add_argument("--reps", type=int, default=11, help="cuda: timed blocks of --steps steps")
 args = ap.parse_args()
+backend = "torch_" + args.device
 
 try:
     import torch
     import torch.nn.functional as F
 except Exception:  # noqa: BLE001 - any import failure means "no torch here"
-    print(json.dumps({"bench": "train_step", "backend": "torch_cpu", "skipped": "torch not importable"}))
+    print(json.dumps({"bench": "train_step", "backend": backend, "skipped": "torch not importable"}))
+    raise SystemExit(0)
+if args.device == "cuda" and not torch.cuda.is_available():
+    print(json.dumps({"bench": "train_step", "backend": backend, "skipped": "torch has no CUDA device"}))
     raise SystemExit(0)
 
 torch.set_num_threads(args.threads)
@@ -29,22 +39,42 @@ for so in {l.split()[-1] for l in open("/proc/self/maps") if "openblas" in l and
     ctypes.CDLL(so).openblas_set_num_threads(args.threads)
 torch.manual_seed(0)
 
+dev = torch.device(args.device)
 for batch in (int(b) for b in args.batches.split(",")):
     model = torch.nn.Sequential(
         torch.nn.Linear(400, 256), torch.nn.ReLU(),
         torch.nn.Linear(256, 128), torch.nn.ReLU(),
-        torch.nn.Linear(128, 10))
+        torch.nn.Linear(128, 10)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.rand(batch, 400), torch.randint(0, 10, (batch,))
-    times = []
-    for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+    x, y = torch.rand(batch, 400, device=dev), torch.randint(0, 10, (batch,), device=dev)
+
+    def step():
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    print(json.dumps({"bench": "train_step", "backend": "torch_cpu", "batch": batch,
-                      "torch_ms": round(1e3 * statistics.median(times), 4),
-                      "threads": args.threads, "torch": torch.__version__}), flush=True)
+
+    times = []  # milliseconds per step
+    if args.device == "cuda":
+        for _ in range(args.warmup):
+            step()
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(args.reps):
+            start.record()
+            for _ in range(args.steps):
+                step()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) / args.steps)
+    else:
+        for i in range(args.warmup + args.steps):
+            t0 = time.perf_counter()
+            step()
+            if i >= args.warmup:
+                times.append(1e3 * (time.perf_counter() - t0))
+    line = {"bench": "train_step", "backend": backend, "batch": batch,
+            "torch_ms": round(statistics.median(times), 4), "threads": args.threads, "torch": torch.__version__}
+    if args.device == "cuda":
+        line.update(device=torch.cuda.get_device_name(), steps=args.steps, reps=args.reps)
+    print(json.dumps(line), flush=True)

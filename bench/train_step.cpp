@@ -6,30 +6,23 @@
 // kernels_per_step. Medians over many steps after a warm-up.
 //
 //   build/bench/train_step [--threads 1] [--steps 300] [--gemm own|cblas] [--python /usr/bin/python3]
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "kiln.hpp"
-#include "kiln/nn/activation.hpp"
-#include "kiln/nn/linear.hpp"
 #include "kiln/nn/loss.hpp"
-#include "kiln/nn/sequential.hpp"
 #include "kiln/optim/adam.hpp"
+
+#include "mlp_step.hpp"
 
 namespace {
 
-using Model = kiln::nn::Sequential<kiln::nn::Linear<400, 256>, kiln::nn::ReLU, kiln::nn::Linear<256, 128>,
-                                   kiln::nn::ReLU, kiln::nn::Linear<128, 10>>;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using Model = kiln_bench::Mlp;
+using kiln_bench::median;
 
 struct KilnStep {
   double ms;
@@ -62,26 +55,6 @@ KilnStep kiln_step(kiln::index_t batch, int threads, int steps) {
   return {median(times), double(exec.stats().launches()) / steps};
 }
 
-// batch -> torch_ms from the PyTorch script's JSON lines (empty when torch is unavailable).
-std::map<long, double> torch_steps(const std::string& python, int threads, int steps) {
-  std::map<long, double> out;
-  const std::string cmd = python + " " + KILN_SOURCE_DIR + "/bench/torch_train_step.py --threads " +
-                          std::to_string(threads) + " --steps " + std::to_string(steps) + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char line[1024];
-  while (std::fgets(line, sizeof line, p)) {
-    long batch = 0;
-    double ms = 0;
-    const char* b = std::strstr(line, "\"batch\":");
-    const char* t = std::strstr(line, "\"torch_ms\":");
-    if (b && t && std::sscanf(b, "\"batch\": %ld", &batch) == 1 && std::sscanf(t, "\"torch_ms\": %lf", &ms) == 1)
-      out[batch] = ms;
-  }
-  pclose(p);
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,7 +69,8 @@ int main(int argc, char** argv) {
     else if (a == "--gemm") gemm = argv[i + 1];
   }
   kiln::cpu::set_gemm_backend(gemm == "own" ? kiln::cpu::gemm_backend::own : kiln::cpu::gemm_backend::cblas);
-  const auto torch = torch_steps(python, threads, steps);
+  const auto torch = kiln_bench::torch_train_steps(
+      python, "--threads " + std::to_string(threads) + " --steps " + std::to_string(steps));
   for (long batch : {64L, 256L, 1024L}) {
     const KilnStep k = kiln_step(batch, threads, steps);
     const auto it = torch.find(batch);
