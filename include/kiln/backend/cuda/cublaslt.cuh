@@ -107,7 +107,9 @@ enum class Epilogue {
   relu_bias,      // D = relu(... + bias[j])                          (reads bias)
   gelu,           // D = gelu_tanh(...)
   gelu_bias,      // D = gelu_tanh(... + bias[j])                     (reads bias)
+  relu_aux,       // relu, and writes the ReLU bit-mask to aux        (writes aux)
   relu_aux_bias,  // relu_bias, and writes the ReLU bit-mask to aux   (reads bias, writes aux)
+  gelu_aux,       // gelu, and writes the GELU input to aux           (writes aux)
   gelu_aux_bias,  // gelu_bias, and writes the GELU input to aux      (reads bias, writes aux)
   drelu,          // D = (...) * [pre > 0] from the mask in aux       (reads aux)
   drelu_bgrad,    // drelu, and bias = column sums of D               (reads aux, writes bias[n])
@@ -134,7 +136,9 @@ inline const char* to_string(Epilogue e) noexcept {
     case Epilogue::relu_bias: return "relu_bias";
     case Epilogue::gelu: return "gelu";
     case Epilogue::gelu_bias: return "gelu_bias";
+    case Epilogue::relu_aux: return "relu_aux";
     case Epilogue::relu_aux_bias: return "relu_aux_bias";
+    case Epilogue::gelu_aux: return "gelu_aux";
     case Epilogue::gelu_aux_bias: return "gelu_aux_bias";
     case Epilogue::drelu: return "drelu";
     case Epilogue::drelu_bgrad: return "drelu_bgrad";
@@ -156,11 +160,13 @@ constexpr bool epilogue_writes_bias_grad(Epilogue e) noexcept {
 }
 // Epilogues whose aux matrix is the ReLU bit-mask (written by relu_aux_bias, read by the others).
 constexpr bool epilogue_uses_relu_mask(Epilogue e) noexcept {
-  return e == Epilogue::relu_aux_bias || e == Epilogue::drelu || e == Epilogue::drelu_bgrad;
+  return e == Epilogue::relu_aux || e == Epilogue::relu_aux_bias || e == Epilogue::drelu ||
+         e == Epilogue::drelu_bgrad;
 }
 // Epilogues whose aux matrix is the GELU input (written by gelu_aux_bias, read by the others).
 constexpr bool epilogue_uses_gelu_aux(Epilogue e) noexcept {
-  return e == Epilogue::gelu_aux_bias || e == Epilogue::dgelu || e == Epilogue::dgelu_bgrad;
+  return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias || e == Epilogue::dgelu ||
+         e == Epilogue::dgelu_bgrad;
 }
 constexpr bool epilogue_uses_aux(Epilogue e) noexcept {
   return epilogue_uses_relu_mask(e) || epilogue_uses_gelu_aux(e);
@@ -225,7 +231,9 @@ inline cublasLtEpilogue_t lt_epilogue(Epilogue e) noexcept {
     case Epilogue::relu_bias: return CUBLASLT_EPILOGUE_RELU_BIAS;
     case Epilogue::gelu: return CUBLASLT_EPILOGUE_GELU;
     case Epilogue::gelu_bias: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case Epilogue::relu_aux: return CUBLASLT_EPILOGUE_RELU_AUX;
     case Epilogue::relu_aux_bias: return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+    case Epilogue::gelu_aux: return CUBLASLT_EPILOGUE_GELU_AUX;
     case Epilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epilogue::drelu: return CUBLASLT_EPILOGUE_DRELU;
     case Epilogue::drelu_bgrad: return CUBLASLT_EPILOGUE_DRELU_BGRAD;

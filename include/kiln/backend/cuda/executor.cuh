@@ -21,8 +21,10 @@
 
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/backend/cuda/cublaslt.cuh"
+#include "kiln/backend/cuda/epilogue.cuh"
 #include "kiln/backend/cuda/memory.cuh"
 #include "kiln/core/dtype.hpp"
+#include "kiln/core/epilogue.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/core/temp_pool.hpp"
 #include "kiln/core/view.hpp"
@@ -251,6 +253,125 @@ class CudaExecutor {
       KILN_CUDA_CHECK(cudaGetLastError());
       return;
     }
+    lt_.matmul(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), stream_);
+  }
+
+  // ---- GEMM epilogues (kiln/core/epilogue.hpp) ---------------------------------------------
+  // ReLU and the tanh GELU, the bias and the bias gradients are cuBLASLt's own epilogues: ONE
+  // library call. Other activations take the GEMM plus one kernel (epilogue.cuh).
+
+  // Bytes of the aux buffer BiasAct<Act, T> writes for an [m, n] output (formats: epilogue.cuh).
+  template <class Act, class T>
+  static std::size_t act_aux_bytes(index_t m, index_t n) {
+    if constexpr (is_identity_act_v<Act>) return 0;
+    else if constexpr (std::is_same_v<Act, fn::Relu>) return std::size_t(cu::relu_mask_bytes(m, n));
+    else return std::size_t(m * cu::act_aux_ld<Act>(n)) * sizeof(T);
+  }
+  // Whether a GEMM with inner size k can take a DAct epilogue: cuBLASLt's DRELU / DGELU refuse
+  // k = 1 (the producer then runs its own dact kernel).
+  template <class Act>
+  static constexpr bool folds_dact(index_t k) {
+    return !cu::lt_activation_v<Act> || k >= 2;
+  }
+
+  // C = act(alpha·op(A)·op(B) + beta·C + bias[j]), what act' needs saved to ep.aux (unless null).
+  template <class T, class Act>
+  void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
+            index_t ldb, float beta, T* c, index_t ldc, const BiasAct<Act, T>& ep) {
+    stats_.count(kind::gemm, bias_act_name<Act>(ep.bias != nullptr), m * n,
+                 std::size_t(m * k + k * n + 2 * m * n) * sizeof(T));
+    if (m == 0 || n == 0) return;
+    KILN_CHECK(k > 0, ShapeError, "a GEMM with a bias or activation epilogue needs k > 0 (got an inner size of 0)");
+    cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    x.bias = const_cast<T*>(ep.bias);
+    const bool save = ep.aux != nullptr;
+    if constexpr (is_identity_act_v<Act>) {
+      x.epilogue = ep.bias ? cu::Epilogue::bias : cu::Epilogue::none;
+    } else if constexpr (cu::lt_activation_v<Act>) {
+      constexpr bool relu = std::is_same_v<Act, fn::Relu>;
+      using E = cu::Epilogue;
+      x.epilogue = ep.bias ? (save ? (relu ? E::relu_aux_bias : E::gelu_aux_bias) : (relu ? E::relu_bias : E::gelu_bias))
+                           : (save ? (relu ? E::relu_aux : E::gelu_aux) : (relu ? E::relu : E::gelu));
+      if (save) {
+        x.aux = ep.aux;
+        x.aux_ld = cu::act_aux_ld<Act>(n);
+      }
+    } else {
+      // GEMM (+ bias) writes z — into aux when it must be kept, else into C — then C = act(z).
+      T* z = save ? static_cast<T*>(ep.aux) : c;
+      const index_t ldz = save ? n : ldc;
+      x.epilogue = ep.bias ? cu::Epilogue::bias : cu::Epilogue::none;
+      x.d = z;
+      x.ldd = ldz;
+      lt_.matmul(x, stream_);
+      cu::kernels::act_from_input<Act><<<blocks(m * n), threads, 0, stream_>>>(c, ldc, z, ldz, m, n);
+      KILN_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+    lt_.matmul(x, stream_);
+  }
+
+  // C = (alpha·op(A)·op(B)) * act'(aux), and ep.dbias[j] (=|+=) the column sums of C.
+  template <class T, class Act>
+  void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
+            index_t ldb, float beta, T* c, index_t ldc, const DAct<Act, T>& ep) {
+    KILN_CHECK(beta == 0.f, ValueError, "a GEMM with a d", Act::name, " epilogue writes its output (beta must be 0)");
+    stats_.count(kind::gemm, dact_name<Act>(ep.dbias != nullptr), m * n,
+                 std::size_t(m * k + k * n + 3 * m * n) * sizeof(T));
+    if (m == 0 || n == 0) return;
+    KILN_CHECK(k > 0, ShapeError, "a GEMM with a d", Act::name, " epilogue needs k > 0 (got an inner size of 0)");
+    cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
+    if constexpr (cu::lt_activation_v<Act>) {
+      if (folds_dact<Act>(k)) {
+        constexpr bool relu = std::is_same_v<Act, fn::Relu>;
+        using E = cu::Epilogue;
+        x.epilogue = ep.dbias ? (relu ? E::drelu_bgrad : E::dgelu_bgrad) : (relu ? E::drelu : E::dgelu);
+        x.aux = const_cast<void*>(ep.aux);
+        x.aux_ld = cu::act_aux_ld<Act>(n);
+        lt_with_bias_grad(x, ep.dbias, ep.add_dbias, n);
+        return;
+      }
+    }
+    lt_.matmul(x, stream_);
+    launch_dact<Act>(m, n, c, ldc, ep.aux, ep.out, c, ldc, false, ep.dbias, ep.add_dbias);
+  }
+
+  // C = alpha·op(A)·op(B) + beta·C, and ep.dbias[i] (=|+=) sum_p op(A)[i, p]; needs ta.
+  template <class T>
+  void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
+            index_t ldb, float beta, T* c, index_t ldc, const BGradA<T>& ep) {
+    KILN_CHECK(ta, ValueError, "a GEMM with a bgrada epilogue needs a transposed A (its rows are summed over k)");
+    stats_.count(kind::gemm, "gemm+bgrada", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
+    if (m == 0 || n == 0) return;
+    KILN_CHECK(k > 0, ShapeError, "a GEMM with a bgrada epilogue needs k > 0 (got an inner size of 0)");
+    cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (ep.dbias) x.epilogue = cu::Epilogue::bgrada;
+    lt_with_bias_grad(x, ep.dbias, ep.add_dbias, m);
+  }
+
+  // d (=|+=) g * act'(aux) and dbias[j] (=|+=) its column sums, for an [m, n] gradient g with
+  // row stride n; `out` is the activation's output (ReLU reads its sign). d or dbias may be
+  // null. ONE elementwise launch.
+  template <class Act, class T>
+  void dact(index_t m, index_t n, const T* g, const void* aux, const T* out, T* d, bool add_d, T* dbias,
+            bool add_dbias) {
+    stats_.count(kind::elementwise, "dact", m * n, std::size_t(3 * m * n) * sizeof(T));
+    if (m == 0 || n == 0) return;
+    launch_dact<Act>(m, n, g, n, aux, out, d, n, add_d, dbias, add_dbias);
+  }
+
+  static constexpr int threads = 256;
+
+ private:
+  template <class T>
+  static cu::LtType lt_type() {
+    if constexpr (std::is_same_v<T, f16>) return cu::LtType::f16;
+    else if constexpr (std::is_same_v<T, bf16>) return cu::LtType::bf16;
+    else return cu::LtType::f32;
+  }
+  template <class T, class C>
+  static cu::MatmulArgs lt_args(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a,
+                                index_t lda, const T* b, index_t ldb, float beta, C* c, index_t ldc) {
     cu::MatmulArgs x;
     x.m = m;
     x.n = n;
@@ -269,18 +390,37 @@ class CudaExecutor {
     x.ldc = ldc;
     x.d = c;
     x.ldd = ldc;
-    lt_.matmul(x, stream_);
+    return x;
   }
 
-  static constexpr int threads = 256;
-
- private:
+  // Runs x, whose epilogue writes its bias gradient (length `len`) to dbias or, when the gradient
+  // must be added (cuBLASLt only overwrites), to scratch that one more kernel adds to dbias.
   template <class T>
-  static cu::LtType lt_type() {
-    if constexpr (std::is_same_v<T, f16>) return cu::LtType::f16;
-    else if constexpr (std::is_same_v<T, bf16>) return cu::LtType::bf16;
-    else return cu::LtType::f32;
+  void lt_with_bias_grad(cu::MatmulArgs& x, T* dbias, bool add, index_t len) {
+    TempPool<cuda>::Buffer scratch;
+    if (dbias && add) scratch = temps_.take(std::size_t(len) * sizeof(T));
+    x.bias = scratch.get() ? scratch.get() : static_cast<void*>(dbias);
+    lt_.matmul(x, stream_);
+    if (scratch.get()) {
+      cu::kernels::add_vector<<<blocks(len), threads, 0, stream_>>>(dbias, static_cast<const T*>(scratch.get()), len);
+      KILN_CUDA_CHECK(cudaGetLastError());
+    }
   }
+
+  // The dact kernel with act' read the way this executor's aux format allows.
+  template <class Act, class T>
+  void launch_dact(index_t m, index_t n, const T* g, index_t ldg, const void* aux, const T* out, T* d, index_t ldd,
+                   bool add_d, T* dbias, bool add_dbias) {
+    const unsigned grid = unsigned((n + threads - 1) / threads);
+    auto run = [&](const auto& deriv) {
+      cu::kernels::dact_columns<<<grid, threads, 0, stream_>>>(m, n, g, ldg, deriv, d, ldd, add_d, dbias, add_dbias);
+    };
+    if constexpr (is_identity_act_v<Act>) run(cu::UnitDeriv{});
+    else if constexpr (std::is_same_v<Act, fn::Relu>) run(cu::ReluDerivFromOutput<T>{out, n});
+    else run(cu::DerivFromInput<Act, T>{static_cast<const T*>(aux), cu::act_aux_ld<Act>(n)});
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+
   static unsigned blocks(index_t n) {
     // Enough blocks to fill an H200 (132 SMs × 8 resident blocks); the grid-stride loop does the rest.
     return unsigned(std::min<index_t>((n + threads - 1) / threads, index_t(132) * 8));
