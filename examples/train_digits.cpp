@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln.hpp"
@@ -87,6 +88,9 @@ Options parse(int argc, char** argv) {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Steps between reads of the losses (and progress-bar updates).
+constexpr kiln::index_t loss_window = 8;
+
 using Model = kiln::nn::Sequential<kiln::nn::Linear<400, 256>, kiln::nn::ReLU, kiln::nn::Linear<256, 128>,
                                    kiln::nn::ReLU, kiln::nn::Linear<128, 10>>;
 
@@ -113,7 +117,12 @@ struct CpuBackend {
     std::memcpy(x.value().data(), b->features.data(), b->features.size_bytes());
     return b->labels.data();
   }
-  float value(const kiln::ag::Var<float, kiln::host>& loss) { return loss.value().data()[0]; }
+  // Losses are kept until the loop reads them (every loss_window steps): on the CPU that costs
+  // nothing; on CUDA it keeps the host from waiting for the device every step.
+  void record_loss(const kiln::ag::Var<float, kiln::host>& loss) { losses.push_back(loss.value().data()[0]); }
+  std::vector<float> take_losses() { return std::exchange(losses, {}); }
+  std::size_t losses_pending() const { return losses.size(); }
+  std::vector<float> losses;
   void step() { optimizer.step(exec); }
   double wait_seconds() const { return loader.wait_seconds(); }
   kiln::Tensor<std::int64_t, kiln::host, kiln::dyn> predict(const kiln::data::Dataset& ds,
@@ -152,12 +161,26 @@ struct CudaBackend {
                                     cudaMemcpyDeviceToDevice, exec.stream()));
     return b->labels;
   }
-  float value(const kiln::ag::Var<float, kiln::cuda>& loss) {
-    float l = 0;
-    KILN_CUDA_CHECK(cudaMemcpyAsync(&l, loss.value().data(), sizeof(float), cudaMemcpyDeviceToHost, exec.stream()));
-    exec.synchronize();
-    return l;
+  // Each step's loss is copied (device to device, no kernel) into a window the host reads every
+  // loss_window steps: one synchronisation per window instead of one per step.
+  kiln::Tensor<float, kiln::cuda, kiln::dyn> window{kiln::Shape{loss_window}};
+  std::size_t pending = 0;
+  void record_loss(const kiln::ag::Var<float, kiln::cuda>& loss) {
+    KILN_CHECK(pending < std::size_t(loss_window), kiln::ValueError, "train_digits: the loss window is full");
+    KILN_CUDA_CHECK(cudaMemcpyAsync(window.data() + pending, loss.value().data(), sizeof(float),
+                                    cudaMemcpyDeviceToDevice, exec.stream()));
+    ++pending;
   }
+  std::vector<float> take_losses() {
+    std::vector<float> out(pending);
+    if (pending > 0)
+      KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), window.data(), pending * sizeof(float), cudaMemcpyDeviceToHost,
+                                      exec.stream()));
+    exec.synchronize();
+    pending = 0;
+    return out;
+  }
+  std::size_t losses_pending() const { return pending; }
   void step() { optimizer.step(exec); }
   double wait_seconds() const { return loader.wait_seconds(); }
   kiln::Tensor<std::int64_t, kiln::host, kiln::dyn> predict(const kiln::data::Dataset& ds,
@@ -210,17 +233,24 @@ void train_on(const Options& opt, const kiln::data::Dataset& train, const kiln::
     while (const std::int32_t* labels = be.next(x)) {
       auto logits = be.model.forward(tape, x);
       auto loss = kiln::nn::cross_entropy(tape, logits, labels);
-      const float l = be.value(loss);
-      KILN_CHECK(std::isfinite(l), kiln::NumericError, "the loss is ", l, " at step ", global_step, " (epoch ",
-                 epoch + 1, "): training diverged; lower --lr");
+      be.record_loss(loss);
       be.model.zero_grad();
       tape.backward(loss);
       be.step();
-      loss_sum += l;
       ++steps;
       ++global_step;
-      if (steps % 8 == 0 || steps == per_epoch)
+      if (be.losses_pending() == std::size_t(loss_window) || steps == per_epoch) {
+        // The window's first non-finite loss names its step; later steps in the window only
+        // carried it on.
+        const std::vector<float> window = be.take_losses();
+        for (std::size_t i = 0; i < window.size(); ++i) {
+          const kiln::index_t at = global_step - kiln::index_t(window.size() - i);
+          KILN_CHECK(std::isfinite(window[i]), kiln::NumericError, "the loss is ", window[i], " at step ", at,
+                     " (epoch ", epoch + 1, "): training diverged; lower --lr");
+          loss_sum += window[i];
+        }
         progress(epoch, opt.epochs, steps, per_epoch, seconds_since(t0), loss_sum / double(steps));
+      }
     }
     if (epoch == opt.epochs - 1) {
       step_stats = be.exec.stats();
