@@ -22,7 +22,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "support.hpp"
+
 namespace {
+
+using kiln_cuda_test::fetch;
 
 using kiln::dyn;
 using kiln::host;
@@ -38,19 +42,6 @@ template <class S>
 using M = ag::Var<float, S, dyn, dyn>;
 template <class S>
 using B = ag::Var<float, S, dyn>;
-
-template <class T, class S, index_t... D>
-std::vector<double> fetch(const kiln::Tensor<T, S, D...>& t) {
-  std::vector<double> out(std::size_t(t.size()));
-  if constexpr (std::is_same_v<S, host>) {
-    for (index_t i = 0; i < t.size(); ++i) out[std::size_t(i)] = double(t.data()[i]);
-  } else {
-    KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto h = kiln::to_host(t);
-    for (index_t i = 0; i < h.size(); ++i) out[std::size_t(i)] = double(h.data()[i]);
-  }
-  return out;
-}
 
 template <class S, index_t... D>
 ag::Var<float, S, D...> random_var(kiln::Shape shape, std::uint64_t seed, float scale) {

@@ -23,7 +23,12 @@
 
 #include "../cpu/fixture.hpp"
 
+#include "support.hpp"
+
 namespace {
+
+using kiln_cuda_test::fetch;
+using kiln_cuda_test::to_space;
 
 using kiln::dyn;
 using kiln::host;
@@ -40,25 +45,6 @@ static_assert(std::is_same_v<Mlp::space, host>);
 static_assert(std::is_same_v<Mlp::on<Device>::space, Device>);
 static_assert(std::is_same_v<Mlp::on<Device>::on<host>, Mlp>);
 static_assert(std::is_same_v<nn::Linear<3, 4>::on<Device>, nn::Linear<3, 4, true, float, Device>>);
-
-template <class T, class S, index_t... D>
-std::vector<double> fetch(const kiln::Tensor<T, S, D...>& t) {
-  std::vector<double> out(std::size_t(t.size()));
-  if constexpr (std::is_same_v<S, host>) {
-    for (index_t i = 0; i < t.size(); ++i) out[std::size_t(i)] = double(t.data()[i]);
-  } else {
-    KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto h = kiln::to_host(t);
-    for (index_t i = 0; i < h.size(); ++i) out[std::size_t(i)] = double(h.data()[i]);
-  }
-  return out;
-}
-
-template <class S, class T, index_t... D>
-kiln::Tensor<T, S, D...> to_space(const kiln::Tensor<T, host, D...>& t) {
-  if constexpr (std::is_same_v<S, host>) return kiln::clone(t);
-  else return kiln::to_device(t);
-}
 
 struct Result {
   std::vector<double> loss;

@@ -1,6 +1,7 @@
 // kiln/nn/cuda.cuh — the nn layers on kiln::cuda: include from an nvcc translation unit to use
-// Linear<..., kiln::cuda> and Sequential<...>::on<kiln::cuda> (it includes the MLP headers:
-// activation, linear, loss, sequential).
+// Linear<..., kiln::cuda>, LayerNorm<..., kiln::cuda> and Sequential<...>::on<kiln::cuda> (it
+// includes every nn header whose ops run on the CUDA executor: activation, dropout, layernorm,
+// linear, loss, sequential, softmax).
 //
 // It defines nn::space_ops<cuda> (declared in kiln/nn/module.hpp): parameters are initialised on
 // the host, as for the host layers, and copied to the device with kiln::to_device; gradient
@@ -24,10 +25,13 @@
 #include "kiln/backend/cuda/executor.cuh"
 #include "kiln/backend/cuda/memory.cuh"
 #include "kiln/nn/activation.hpp"
+#include "kiln/nn/dropout.hpp"
+#include "kiln/nn/layernorm.hpp"
 #include "kiln/nn/linear.hpp"
 #include "kiln/nn/loss.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sequential.hpp"
+#include "kiln/nn/softmax.hpp"
 
 namespace kiln::nn {
 

@@ -3,7 +3,7 @@
 // Element i is kept when uniform01(seed, offset + i) >= p (kiln/core/random.hpp, Philox), and
 // kept elements are scaled by 1 / (1 - p). The mask is a pure function of (seed, offset, i), so
 // the CPU and a GPU draw the same mask, and backward recomputes it instead of storing it:
-// forward ONE kernel, backward ONE kernel.
+// forward ONE kernel, backward ONE kernel, both functors that run on every executor.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,33 @@ KILN_HOST_DEVICE bool dropout_keeps(std::uint64_t seed, std::uint64_t offset, in
   return uniform01(seed, offset + std::uint64_t(i)) >= p;
 }
 
+namespace detail {
+// dropout's kernels, as functors so that they run on every executor (one work item per element).
+template <class T>
+struct DropoutForward {
+  const T* x;
+  T* y;
+  std::uint64_t seed, offset;
+  float p;
+  T scale;
+  KILN_HOST_DEVICE void operator()(index_t, index_t i) const {
+    y[i] = dropout_keeps(seed, offset, i, p) ? T(x[i] * scale) : T(0);
+  }
+};
+template <class T>
+struct DropoutBackward {
+  T* dx;
+  const T* g;
+  std::uint64_t seed, offset;
+  float p;
+  T scale;
+  bool add;
+  KILN_HOST_DEVICE void operator()(index_t, index_t i) const {
+    put_grad(dx[i], dropout_keeps(seed, offset, i, p) ? T(g[i] * scale) : T(0), add);
+  }
+};
+}  // namespace detail
+
 // Returns x itself (no kernel) when !training or p == 0; p == 1 gives zeros.
 // throws: ValueError when p is outside [0, 1].
 template <class Exec, class T, class S, index_t... D>
@@ -31,24 +58,16 @@ ag::Var<T, S, D...> dropout(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, 
   V out{typename V::tensor_type(s)};
   const float pf = float(p);
   const T scale = p < 1.0 ? T(1.0 / (1.0 - p)) : T(0);
-  const T* X = x.value().data();
-  T* Y = out.value().data();
-  tape.exec().for_each_element(
-      1, n, [=](index_t, index_t i) { Y[i] = dropout_keeps(seed, offset, i, pf) ? X[i] * scale : T(0); },
-      kind::elementwise, "dropout", std::size_t(n) * sizeof(T) * 2);
+  const detail::DropoutForward<T> kernel{x.value().data(), out.value().data(), seed, offset, pf, scale};
+  tape.exec().for_each_element(1, n, kernel, kind::elementwise, "dropout", std::size_t(n) * sizeof(T) * 2);
   if (!x.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
   tape.record([xd = x.data(), od = out.data(), n, pf, scale, seed, offset](Exec& exec) {
     if (!od->grad_valid || !xd->requires_grad) return;
     const bool add = xd->grad_valid;
     T* dx = xd->ensure_grad();
-    const T* G = od->grad.data();
-    exec.for_each_element(
-        1, n,
-        [=](index_t, index_t i) {
-          detail::put_grad(dx[i], dropout_keeps(seed, offset, i, pf) ? T(G[i] * scale) : T(0), add);
-        },
-        kind::elementwise, "dropout_backward", std::size_t(n) * sizeof(T) * 2);
+    exec.for_each_element(1, n, detail::DropoutBackward<T>{dx, od->grad.data(), seed, offset, pf, scale, add},
+                          kind::elementwise, "dropout_backward", std::size_t(n) * sizeof(T) * 2);
     xd->grad_valid = true;
   });
   return out;

@@ -6,104 +6,157 @@
 //   xhat = (x - mean) * rstd,  gw = g * weight,
 //   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)),
 // and ONE kernel over columns for dweight = sum_rows(g * xhat) and dbias = sum_rows(g).
+// The kernels are functors, so they run on every executor: one work item per row, and one per
+// column for the affine gradients; the saved mean / rstd live in the executor's space.
 #pragma once
 
-#include <cmath>
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <vector>
+#include <type_traits>
+#include <utility>
 
 #include "kiln/core/random.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/expr/math.hpp"
 #include "kiln/nn/module.hpp"
 
 namespace kiln::nn {
 
-// x [..., N] normalised per row, scaled by weight [N] and shifted by bias [N] (any ranks whose
-// sizes are N). Gradients flow to each of x, weight and bias that requires one.
-template <class Exec, class T, class S, index_t... D, index_t... W, index_t... Bd>
-ag::Var<T, S, D...> layer_norm(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, const ag::Var<T, S, W...>& weight,
-                               const ag::Var<T, S, Bd...>& bias, double eps = 1e-5) {
+namespace detail {
+
+// Row r: mean[r], rstd[r] and y's row. w and b are both null (weight 1, bias 0) or both set.
+template <class T>
+struct LayerNormRows {
+  const T* x;
+  const T* w;
+  const T* b;
+  T* y;
+  T* mean;
+  T* rstd;
+  index_t cols;
+  T eps;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t) const {
+    const T* xr = x + r * cols;
+    T sum = 0;
+    for (index_t c = 0; c < cols; ++c) sum += xr[c];
+    const T mu = sum / T(cols);
+    T var = 0;
+    for (index_t c = 0; c < cols; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+    const T rs = T(1) / math::sqrt(var / T(cols) + eps);
+    mean[r] = mu;
+    rstd[r] = rs;
+    T* yr = y + r * cols;
+    if (w) {
+      for (index_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
+    } else {  // + 0 as with a zero bias: -0 becomes +0
+      for (index_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs + T(0);
+    }
+  }
+};
+
+// dx's row r; w null means weight 1.
+template <class T>
+struct LayerNormBackwardRows {
+  T* dx;
+  const T* x;
+  const T* w;
+  const T* g;
+  const T* mean;
+  const T* rstd;
+  index_t cols;
+  bool add;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t) const {
+    const T* xr = x + r * cols;
+    const T* gr = g + r * cols;
+    const T mu = mean[r], rs = rstd[r];
+    T a = 0, b = 0;
+    for (index_t c = 0; c < cols; ++c) {
+      const T gw = w ? T(gr[c] * w[c]) : gr[c];
+      a += gw;
+      b += gw * (xr[c] - mu) * rs;
+    }
+    a /= T(cols);
+    b /= T(cols);
+    T* dr = dx + r * cols;
+    for (index_t c = 0; c < cols; ++c) {
+      const T xhat = (xr[c] - mu) * rs;
+      const T gw = w ? T(gr[c] * w[c]) : gr[c];
+      put_grad(dr[c], T(rs * (gw - a - xhat * b)), add);
+    }
+  }
+};
+
+// Column c of dweight and dbias (either may be null), summed in row order: deterministic on
+// every executor whatever its thread count.
+template <class T>
+struct LayerNormAffineBackward {
+  T* gw;
+  T* gb;
+  const T* x;
+  const T* g;
+  const T* mean;
+  const T* rstd;
+  index_t rows, cols;
+  bool add_w, add_b;
+  KILN_HOST_DEVICE void operator()(index_t, index_t c) const {
+    T sw = 0, sb = 0;
+    for (index_t r = 0; r < rows; ++r) {
+      const T gv = g[r * cols + c];
+      sw += gv * (x[r * cols + c] - mean[r]) * rstd[r];
+      sb += gv;
+    }
+    if (gw) put_grad(gw[c], sw, add_w);
+    if (gb) put_grad(gb[c], sb, add_b);
+  }
+};
+
+// layer_norm with weight and bias nodes wd, bd (both null: no affine part, nothing learned).
+template <class Exec, class T, class S, index_t... D, class WD, class BD>
+ag::Var<T, S, D...> layer_norm_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_ptr<WD> wd,
+                                    std::shared_ptr<BD> bd, double eps) {
+  static_assert(std::is_same_v<S, typename Exec::space>,
+                "kiln::nn::layer_norm: the input must live in the executor's memory space");
+  KILN_CHECK(eps > 0.0, ValueError, "layer_norm: eps must be > 0, got ", eps);
   using V = ag::Var<T, S, D...>;
   const Shape s = x.shape();
   const index_t rows = s.rows(), cols = s.cols();
-  KILN_CHECK(weight.value().size() == cols && bias.value().size() == cols, ShapeError, "layer_norm: x has shape ",
-             s.str(), ", so weight and bias need ", cols, " elements; got weight ", weight.shape().str(), " and bias ",
-             bias.shape().str());
-  KILN_CHECK(eps > 0.0, ValueError, "layer_norm: eps must be > 0, got ", eps);
   V out{typename V::tensor_type(s)};
-  auto stats = std::make_shared<std::vector<T>>(std::size_t(2 * rows));  // mean[rows], rstd[rows]
-  const T* X = x.value().data();
-  const T* Wt = weight.value().data();
-  const T* Bs = bias.value().data();
-  T* Y = out.value().data();
+  // mean[rows], then rstd[rows], kept for backward.
+  auto stats = std::make_shared<Tensor<T, typename Exec::space, dyn>>(Shape{2 * rows});
   T* M = stats->data();
-  T* R = M + rows;
-  const T e = T(eps);
   const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
-  detail::for_each_row(tape.exec(), rows, cols, kind::norm, "layer_norm", bytes, [=](index_t r) {
-    const T* xr = X + r * cols;
-    T sum = 0;
-    for (index_t c = 0; c < cols; ++c) sum += xr[c];
-    const T mean = sum / T(cols);
-    T var = 0;
-    for (index_t c = 0; c < cols; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-    const T rstd = T(1) / std::sqrt(var / T(cols) + e);
-    M[r] = mean;
-    R[r] = rstd;
-    T* yr = Y + r * cols;
-    for (index_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mean) * rstd * Wt[c] + Bs[c];
-  });
-  const bool any = x.requires_grad() || weight.requires_grad() || bias.requires_grad();
+  launch_lines<false>(tape.exec(), rows, cols,
+                           LayerNormRows<T>{x.value().data(), wd ? wd->value.data() : nullptr,
+                                            bd ? bd->value.data() : nullptr, out.value().data(), M, M + rows, cols,
+                                            T(eps)},
+                           "layer_norm", bytes);
+  const bool any = x.requires_grad() || (wd && wd->requires_grad) || (bd && bd->requires_grad);
   if (!any || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record([xd = x.data(), wd = weight.data(), bd = bias.data(), od = out.data(), stats, rows, cols,
-               bytes](Exec& exec) {
+  tape.record([xd = x.data(), wd, bd, od = out.data(), stats, rows, cols, bytes](Exec& exec) {
     if (!od->grad_valid) return;
     const T* X = xd->value.data();
-    const T* Wt = wd->value.data();
     const T* G = od->grad.data();
     const T* M = stats->data();
     const T* R = M + rows;
     if (xd->requires_grad) {
       const bool add = xd->grad_valid;
       T* dx = xd->ensure_grad();
-      detail::for_each_row(exec, rows, cols, kind::norm, "layer_norm_backward", bytes * 2, [=](index_t r) {
-        const T* xr = X + r * cols;
-        const T* gr = G + r * cols;
-        const T mean = M[r], rstd = R[r];
-        T a = 0, b = 0;
-        for (index_t c = 0; c < cols; ++c) {
-          const T gw = gr[c] * Wt[c];
-          a += gw;
-          b += gw * (xr[c] - mean) * rstd;
-        }
-        a /= T(cols);
-        b /= T(cols);
-        T* dr = dx + r * cols;
-        for (index_t c = 0; c < cols; ++c) {
-          const T xhat = (xr[c] - mean) * rstd;
-          detail::put_grad(dr[c], T(rstd * (gr[c] * Wt[c] - a - xhat * b)), add);
-        }
-      });
+      launch_lines<false>(exec, rows, cols,
+                               LayerNormBackwardRows<T>{dx, X, wd ? wd->value.data() : nullptr, G, M, R, cols, add},
+                               "layer_norm_backward", bytes * 2);
       xd->grad_valid = true;
     }
-    const bool dw = wd->requires_grad, db = bd->requires_grad;
+    const bool dw = wd && wd->requires_grad, db = bd && bd->requires_grad;
     if (dw || db) {
-      const bool add_w = wd->grad_valid, add_b = bd->grad_valid;
+      const bool add_w = dw && wd->grad_valid, add_b = db && bd->grad_valid;
       T* gw = dw ? wd->ensure_grad() : nullptr;
       T* gb = db ? bd->ensure_grad() : nullptr;
-      // Column sums in row order: deterministic whatever the thread count.
-      detail::for_each_col(exec, rows, cols, kind::norm, "layer_norm_backward_affine", bytes, [=](index_t c) {
-        T sw = 0, sb = 0;
-        for (index_t r = 0; r < rows; ++r) {
-          const T g = G[r * cols + c];
-          sw += g * (X[r * cols + c] - M[r]) * R[r];
-          sb += g;
-        }
-        if (gw) detail::put_grad(gw[c], sw, add_w);
-        if (gb) detail::put_grad(gb[c], sb, add_b);
-      });
+      launch_lines<true>(exec, cols, rows,
+                              LayerNormAffineBackward<T>{gw, gb, X, G, M, R, rows, cols, add_w, add_b},
+                              "layer_norm_backward_affine", bytes);
       if (dw) wd->grad_valid = true;
       if (db) bd->grad_valid = true;
     }
@@ -111,30 +164,43 @@ ag::Var<T, S, D...> layer_norm(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& 
   return out;
 }
 
-// Without an affine part: weight 1, bias 0 (neither learned).
+}  // namespace detail
+
+// x [..., N] normalised per row, scaled by weight [N] and shifted by bias [N] (any ranks whose
+// sizes are N). Gradients flow to each of x, weight and bias that requires one.
+template <class Exec, class T, class S, index_t... D, index_t... W, index_t... Bd>
+ag::Var<T, S, D...> layer_norm(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, const ag::Var<T, S, W...>& weight,
+                               const ag::Var<T, S, Bd...>& bias, double eps = 1e-5) {
+  const Shape s = x.shape();
+  const index_t cols = s.cols();
+  KILN_CHECK(weight.value().size() == cols && bias.value().size() == cols, ShapeError, "layer_norm: x has shape ",
+             s.str(), ", so weight and bias need ", cols, " elements; got weight ", weight.shape().str(), " and bias ",
+             bias.shape().str());
+  return detail::layer_norm_impl(tape, x, weight.data(), bias.data(), eps);
+}
+
+// Without an affine part: weight 1, bias 0 (neither learned, nothing allocated for them).
 template <class Exec, class T, class S, index_t... D>
 ag::Var<T, S, D...> layer_norm(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, double eps = 1e-5) {
-  const index_t n = x.shape().cols();
-  Tensor<T, S, dyn> w(n), b(n);
-  std::fill(w.data(), w.data() + n, T(1));
-  std::fill(b.data(), b.data() + n, T(0));
-  return layer_norm(tape, x, ag::Var<T, S, dyn>(std::move(w)), ag::Var<T, S, dyn>(std::move(b)), eps);
+  using None = std::shared_ptr<typename ag::Var<T, S, dyn>::data_type>;
+  return detail::layer_norm_impl(tape, x, None(), None(), eps);
 }
 
 // LayerNorm over the last N features with a learned weight (ones) and bias (zeros), as PyTorch.
-template <index_t N, class T = float>
+// Space is where the parameters live (kiln::host or kiln::cuda; for kiln::cuda include
+// kiln/nn/cuda.cuh): they are filled on the host and moved there, as Linear's are.
+template <index_t N, class T = float, class Space = host>
 class LayerNorm {
  public:
   static constexpr index_t in_features = N;
   static constexpr index_t out_features = N;
   using value_type = T;
+  using space = Space;
+  // The same layer with its parameters in another space (Sequential<...>::on<S> uses it).
+  template <class S>
+  using on = LayerNorm<N, T, S>;
 
-  explicit LayerNorm(double eps = 1e-5) : eps_(eps) {
-    weight_.set_requires_grad(true);
-    bias_.set_requires_grad(true);
-    std::fill(weight_.value().data(), weight_.value().data() + N, T(1));
-    std::fill(bias_.value().data(), bias_.value().data() + N, T(0));
-  }
+  explicit LayerNorm(double eps = 1e-5) : weight_(filled(T(1)), true), bias_(filled(T(0)), true), eps_(eps) {}
   explicit LayerNorm(Generator&) : LayerNorm() {}
 
   template <class Exec, class X>
@@ -146,13 +212,19 @@ class LayerNorm {
     f(weight_);
     f(bias_);
   }
-  const ag::Var<T, host, N>& weight() const { return weight_; }
-  const ag::Var<T, host, N>& bias() const { return bias_; }
+  const ag::Var<T, Space, N>& weight() const { return weight_; }
+  const ag::Var<T, Space, N>& bias() const { return bias_; }
   double eps() const { return eps_; }
 
  private:
-  ag::Var<T, host, N> weight_;
-  ag::Var<T, host, N> bias_;
+  static Tensor<T, Space, N> filled(T v) {
+    Tensor<T, host, N> t;
+    std::fill(t.data(), t.data() + N, v);
+    return space_ops<Space>::from_host(std::move(t));
+  }
+
+  ag::Var<T, Space, N> weight_;
+  ag::Var<T, Space, N> bias_;
   double eps_;
 };
 

@@ -1,11 +1,10 @@
 // kiln/nn/module.hpp — what every nn op and layer shares: parameter handles for optimizers, the
-// loss reduction enum, layer traits (feature sizes, activations) and the row / column kernels
-// that row-wise ops (softmax, losses, norms) launch.
+// loss reduction enum, layer traits (feature sizes, activations) and put_grad, which the ops'
+// kernel functors use to write or accumulate a gradient.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
-#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -102,28 +101,26 @@ inline constexpr bool fuses_activation_v = fuses_activation_of<L>();
 
 namespace detail {
 
-// body(r) for every row r < rows, as ONE counted launch of kind k.
-// CPU executor only (body is a host lambda run through parallel_for); an op that must also run
-// on the CUDA executor gives a functor with a KILN_HOST_DEVICE operator()(r, c) to
-// exec.for_each_element(rows, 1, functor, ...) instead (see cross_entropy in nn/loss.hpp).
-// requires: body(r) writes only row r's outputs (rows run in parallel).
-template <class Exec, class Body>
-void for_each_row(Exec& exec, index_t rows, index_t cols, const char* k, std::string_view name, std::size_t bytes,
-                  const Body& body) {
-  exec.stats().count(k, name, rows * cols, bytes);
-  exec.parallel_for(rows, std::max<index_t>(1, Exec::grain / std::max<index_t>(cols, 1)), [&](index_t b, index_t e) {
-    for (index_t r = b; r < e; ++r) body(r);
-  });
-}
-
-// body(c) for every column c < cols of a [rows, cols] matrix, as ONE counted launch of kind k.
-template <class Exec, class Body>
-void for_each_col(Exec& exec, index_t rows, index_t cols, const char* k, std::string_view name, std::size_t bytes,
-                  const Body& body) {
-  exec.stats().count(k, name, rows * cols, bytes);
-  exec.parallel_for(cols, std::max<index_t>(1, Exec::grain / std::max<index_t>(rows, 1)), [&](index_t b, index_t e) {
-    for (index_t c = b; c < e; ++c) body(c);
-  });
+// f for every row (f(r, 0), r < n) or, with PerColumn, every column (f(0, c), c < n), each
+// item `len` elements of work, as ONE launch of kind::norm. On the CPU the items are split
+// across threads by their length (for_each_element(n, 1) would give a thread up to `grain`
+// whole items, so most inputs would run on one thread); elsewhere one work item each.
+template <bool PerColumn, class Exec, class F>
+void launch_lines(Exec& exec, index_t n, index_t len, const F& f, const char* name, std::size_t bytes) {
+  if constexpr (std::is_same_v<typename Exec::space, host>) {
+    exec.stats().count(kind::norm, name, n * len, bytes);
+    exec.parallel_for(n, std::max<index_t>(1, Exec::grain / std::max<index_t>(len, 1)), [&](index_t b, index_t e) {
+      const F local = f;  // a private copy keeps its pointers in registers
+      for (index_t i = b; i < e; ++i) {
+        if constexpr (PerColumn) local(0, i);
+        else local(i, 0);
+      }
+    });
+  } else if constexpr (PerColumn) {
+    exec.for_each_element(1, n, f, kind::norm, name, bytes);
+  } else {
+    exec.for_each_element(n, 1, f, kind::norm, name, bytes);
+  }
 }
 
 // Writes v to the gradient slot, or adds it when the gradient already holds a contribution.
