@@ -290,8 +290,10 @@ class CudaExecutor {
     } else if constexpr (cu::lt_activation_v<Act>) {
       constexpr bool relu = std::is_same_v<Act, fn::Relu>;
       using E = cu::Epilogue;
-      if (ep.bias) x.epilogue = save ? (relu ? E::relu_aux_bias : E::gelu_aux_bias) : (relu ? E::relu_bias : E::gelu_bias);
-      else x.epilogue = save ? (relu ? E::relu_aux : E::gelu_aux) : (relu ? E::relu : E::gelu);
+      if (ep.bias && relu) x.epilogue = save ? E::relu_aux_bias : E::relu_bias;
+      else if (ep.bias) x.epilogue = save ? E::gelu_aux_bias : E::gelu_bias;
+      else if (relu) x.epilogue = save ? E::relu_aux : E::relu;
+      else x.epilogue = save ? E::gelu_aux : E::gelu;
       if (save) {
         x.aux = ep.aux;
         x.aux_ld = cu::act_aux_ld<Act>(n);
