@@ -3,6 +3,8 @@
 // activations — against the CPU executor running the same ops (whose fold path is itself tested
 // against unfused ops in tests/cpu/test_linear_fold.cpp).
 //
+// Each case runs twice on the device: with cuBLASLt's epilogues, and with use_lt_epilogues(false)
+// (plain GEMMs and kiln's kernels, the path taken when cuBLASLt has no kernel for an epilogue).
 // Every consumer mix of the activation's gradient is run: one GEMM consumer (the fold), an
 // elementwise consumer (the dact kernel), both, two GEMMs, and a consumer GEMM with k = 1
 // (cuBLASLt's DRELU / DGELU refuse it, so the producer's dact kernel runs instead).
@@ -57,7 +59,7 @@ struct Grads {
 };
 
 template <class Act, class Exec>
-Grads run(consumers c, bool bias) {
+Grads run(consumers c, bool bias, bool lt = true) {
   using S = typename Exec::space;
   const index_t out2 = c == consumers::gemm_k1 ? 1 : 9;
   auto x = random_var<S, dyn, dyn>(kiln::Shape{33, 40}, 1, 1.f);
@@ -67,6 +69,7 @@ Grads run(consumers c, bool bias) {
   auto b2 = random_var<S, dyn>(kiln::Shape{out2}, 5, 0.3f);
   auto w3 = random_var<S, dyn, dyn>(kiln::Shape{7, 24}, 6, 0.3f);
   Exec exec;
+  if constexpr (std::is_same_v<Exec, kiln::CudaExecutor>) exec.use_lt_epilogues(lt);
   ag::Tape<Exec> tape(exec);
   M<S> h = bias ? M<S>(ag::linear<Act>(tape, x, w1, b1)) : M<S>(ag::linear<Act>(tape, x, w1));
   auto square_sum = [&](const M<S>& v) { return ag::sum(tape, ag::map(tape, v * v)); };
@@ -108,18 +111,21 @@ void compare_all() {
   for (bool bias : {true, false}) {
     for (consumers c : {consumers::gemm, consumers::elementwise, consumers::gemm_and_elementwise,
                         consumers::two_gemms, consumers::gemm_k1}) {
-      CAPTURE(bias);
-      CAPTURE(int(c));
-      const Grads ref = run<Act, kiln::CpuExecutor>(c, bias);
-      const Grads got = run<Act, kiln::CudaExecutor>(c, bias);
-      check_close(got.y, ref.y, "y");
-      check_close(got.loss, ref.loss, "loss");
-      check_close(got.dx, ref.dx, "dx");
-      check_close(got.dw1, ref.dw1, "dw1");
-      check_close(got.db1, ref.db1, "db1");
-      check_close(got.dw2, ref.dw2, "dw2");
-      check_close(got.db2, ref.db2, "db2");
-      check_close(got.dw3, ref.dw3, "dw3");
+      for (bool lt : {true, false}) {
+        CAPTURE(bias);
+        CAPTURE(int(c));
+        CAPTURE(lt);
+        const Grads ref = run<Act, kiln::CpuExecutor>(c, bias);
+        const Grads got = run<Act, kiln::CudaExecutor>(c, bias, lt);
+        check_close(got.y, ref.y, "y");
+        check_close(got.loss, ref.loss, "loss");
+        check_close(got.dx, ref.dx, "dx");
+        check_close(got.dw1, ref.dw1, "dw1");
+        check_close(got.db1, ref.db1, "db1");
+        check_close(got.dw2, ref.dw2, "dw2");
+        check_close(got.db2, ref.db2, "db2");
+        check_close(got.dw3, ref.dw3, "dw3");
+      }
     }
   }
 }

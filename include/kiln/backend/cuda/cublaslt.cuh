@@ -94,6 +94,13 @@
 
 namespace kiln::cu {
 
+// cuBLASLt's heuristic found no kernel for a valid request (some epilogue, type and layout
+// combinations have none): callers with another way to compute the result catch this one.
+class LtNoAlgorithm : public CudaError {
+ public:
+  using CudaError::CudaError;
+};
+
 // Element types of the matrices cuBLASLt reads and writes. (A local enum: the CUDA backend must
 // not depend on how the host-side dtype is spelled; mapping one to the other is one switch.)
 enum class LtType { f32, f16, bf16 };
@@ -520,7 +527,7 @@ class Lt {
     const cublasStatus_t status =
         cublasLtMatmulAlgoGetHeuristic(handle_, desc, plan->a.get(), plan->b.get(), plan->c.get(),
                                        plan->d.get(), pref_raw, 1, &result, &found);
-    KILN_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, CudaError,
+    KILN_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, LtNoAlgorithm,
                "kiln::cu::Lt: ", detail::describe(x),
                ": cuBLASLt has no algorithm for this combination (", cublas_status_name(status),
                ", ", found,

@@ -1,12 +1,14 @@
 // kiln/backend/cuda/epilogue.cuh — the kernels behind the CUDA executor's GEMM epilogues
-// (kiln/core/epilogue.hpp) where cuBLASLt has none of its own: an activation applied after a
-// BIAS epilogue, act' with the bias gradient (column sums), and adding a bias gradient that
-// cuBLASLt can only overwrite.
+// (kiln/core/epilogue.hpp) where cuBLASLt has none of its own (or its heuristic finds no kernel
+// for one): bias + activation after a plain GEMM, act' with the bias gradient (column sums), and
+// adding a bias gradient that cuBLASLt can only overwrite.
 //
 // The CUDA aux formats (exec.act_aux_bytes):
 //   fn::Relu      cuBLASLt's ReLU bit-mask, relu_mask_ld(n) bits per row (opaque: outside
-//                 cuBLASLt the derivative is read from the sign of the forward's output);
-//   fn::GeluTanh  the GELU input z, gelu_aux_ld(n) elements per row (cuBLASLt's GELU aux);
+//                 cuBLASLt the derivative is read from the sign of the forward's output, so
+//                 the kernel path writes no aux);
+//   fn::GeluTanh  the GELU input z, gelu_aux_ld(n) elements per row (cuBLASLt's GELU aux; the
+//                 kernel path writes the same layout, so either backward reads either forward's);
 //   others        z, n elements per row.
 #pragma once
 
@@ -56,13 +58,16 @@ struct UnitDeriv {  // no activation: column sums only
 
 namespace kiln::cu::kernels {
 
-// d[i, j] = act(z[i, j]) over an [m, n] matrix (d row stride ldd, z row stride ldz).
+// z = d[i, j] + bias[j] (bias may be null); aux[i, j] = z when aux is not null; d = act(z).
+// Over an [m, n] matrix: d row stride ldd, aux row stride ldaux.
 template <class Act, class T>
-KILN_GLOBAL void act_from_input(T* d, index_t ldd, const T* z, index_t ldz, index_t m, index_t n) {
+KILN_GLOBAL void bias_act(T* d, index_t ldd, const T* bias, T* aux, index_t ldaux, index_t m, index_t n) {
   const index_t total = m * n;
   for (index_t e = index_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += index_t(gridDim.x) * blockDim.x) {
     const index_t i = e / n, j = e - i * n;
-    d[i * ldd + j] = convert<T>(Act{}(convert<float>(z[i * ldz + j])));
+    const float z = convert<float>(d[i * ldd + j]) + (bias ? convert<float>(bias[j]) : 0.f);
+    if (aux) aux[i * ldaux + j] = convert<T>(z);
+    d[i * ldd + j] = convert<T>(Act{}(z));
   }
 }
 

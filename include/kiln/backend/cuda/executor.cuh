@@ -267,6 +267,12 @@ class CudaExecutor {
     else if constexpr (std::is_same_v<Act, fn::Relu>) return std::size_t(cu::relu_mask_bytes(m, n));
     else return std::size_t(m * cu::act_aux_ld<Act>(n)) * sizeof(T);
   }
+  // on = false computes every GEMM epilogue with a plain GEMM and kiln's kernels instead of
+  // cuBLASLt's, as happens by itself for a kind of epilogue cuBLASLt has no kernel for; for tests
+  // and comparisons. Switch between training steps, not inside one: a backward with cuBLASLt's
+  // DRELU reads the mask only a forward with cuBLASLt's RELU_AUX writes.
+  void use_lt_epilogues(bool on) { lt_bias_ok_ = lt_bgrad_ok_ = lt_relu_ok_ = lt_gelu_ok_ = on; }
+
   // Whether a GEMM with inner size k can take a DAct epilogue: cuBLASLt's DRELU / DGELU refuse
   // k = 1 (the producer then runs its own dact kernel).
   template <class Act>
@@ -283,34 +289,37 @@ class CudaExecutor {
     if (m == 0 || n == 0) return;
     KILN_CHECK(k > 0, ShapeError, "a GEMM with a bias or activation epilogue needs k > 0 (got an inner size of 0)");
     cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    x.bias = const_cast<T*>(ep.bias);
     const bool save = ep.aux != nullptr;
     if constexpr (is_identity_act_v<Act>) {
-      x.epilogue = ep.bias ? cu::Epilogue::bias : cu::Epilogue::none;
+      if (!ep.bias) return lt_.matmul(x, stream_);
+      x.epilogue = cu::Epilogue::bias;
+      x.bias = const_cast<T*>(ep.bias);
+      if (try_lt(x, lt_bias_ok_)) return;
+      x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     } else if constexpr (cu::lt_activation_v<Act>) {
-      constexpr bool relu = std::is_same_v<Act, fn::Relu>;
-      using E = cu::Epilogue;
-      if (ep.bias && relu) x.epilogue = save ? E::relu_aux_bias : E::relu_bias;
-      else if (ep.bias) x.epilogue = save ? E::gelu_aux_bias : E::gelu_bias;
-      else if (relu) x.epilogue = save ? E::relu_aux : E::relu;
-      else x.epilogue = save ? E::gelu_aux : E::gelu;
-      if (save) {
-        x.aux = ep.aux;
-        x.aux_ld = cu::act_aux_ld<Act>(n);
+      if (lt_act_ok<Act>()) {
+        constexpr bool relu = std::is_same_v<Act, fn::Relu>;
+        using E = cu::Epilogue;
+        if (ep.bias && relu) x.epilogue = save ? E::relu_aux_bias : E::relu_bias;
+        else if (ep.bias) x.epilogue = save ? E::gelu_aux_bias : E::gelu_bias;
+        else if (relu) x.epilogue = save ? E::relu_aux : E::relu;
+        else x.epilogue = save ? E::gelu_aux : E::gelu;
+        x.bias = const_cast<T*>(ep.bias);
+        if (save) {
+          x.aux = ep.aux;
+          x.aux_ld = cu::act_aux_ld<Act>(n);
+        }
+        if (try_lt(x, lt_act_ok<Act>())) return;
+        x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       }
-    } else {
-      // GEMM (+ bias) writes z — into aux when it must be kept, else into C — then C = act(z).
-      T* z = save ? static_cast<T*>(ep.aux) : c;
-      const index_t ldz = save ? n : ldc;
-      x.epilogue = ep.bias ? cu::Epilogue::bias : cu::Epilogue::none;
-      x.d = z;
-      x.ldd = ldz;
-      lt_.matmul(x, stream_);
-      cu::kernels::act_from_input<Act><<<blocks(m * n), threads, 0, stream_>>>(c, ldc, z, ldz, m, n);
-      KILN_CUDA_CHECK(cudaGetLastError());
-      return;
     }
+    // The GEMM, then ONE kernel: z = C + bias, saved (except for ReLU, whose backward reads the
+    // output's sign), C = act(z).
     lt_.matmul(x, stream_);
+    T* aux = save && !std::is_same_v<Act, fn::Relu> ? static_cast<T*>(ep.aux) : nullptr;
+    cu::kernels::bias_act<Act><<<blocks(m * n), threads, 0, stream_>>>(c, ldc, ep.bias, aux, cu::act_aux_ld<Act>(n),
+                                                                        m, n);
+    KILN_CUDA_CHECK(cudaGetLastError());
   }
 
   // C = (alpha·op(A)·op(B)) * act'(aux), and ep.dbias[j] (=|+=) the column sums of C.
@@ -322,19 +331,19 @@ class CudaExecutor {
                  std::size_t(m * k + k * n + 3 * m * n) * sizeof(T));
     if (m == 0 || n == 0) return;
     KILN_CHECK(k > 0, ShapeError, "a GEMM with a d", Act::name, " epilogue needs k > 0 (got an inner size of 0)");
-    cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
     if constexpr (cu::lt_activation_v<Act>) {
-      if (folds_dact<Act>(k)) {
+      // Only while the forward epilogues work too: the ReLU mask exists only if they ran.
+      if (folds_dact<Act>(k) && lt_act_ok<Act>()) {
+        cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
         constexpr bool relu = std::is_same_v<Act, fn::Relu>;
         using E = cu::Epilogue;
         x.epilogue = ep.dbias ? (relu ? E::drelu_bgrad : E::dgelu_bgrad) : (relu ? E::drelu : E::dgelu);
         x.aux = const_cast<void*>(ep.aux);
         x.aux_ld = cu::act_aux_ld<Act>(n);
-        lt_with_bias_grad(x, ep.dbias, ep.add_dbias, n);
-        return;
+        if (lt_with_bias_grad(x, ep.dbias, ep.add_dbias, n, lt_act_ok<Act>())) return;
       }
     }
-    lt_.matmul(x, stream_);
+    lt_.matmul(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc), stream_);
     launch_dact<Act>(m, n, c, ldc, ep.aux, ep.out, c, ldc, false, ep.dbias, ep.add_dbias);
   }
 
@@ -347,8 +356,13 @@ class CudaExecutor {
     if (m == 0 || n == 0) return;
     KILN_CHECK(k > 0, ShapeError, "a GEMM with a bgrada epilogue needs k > 0 (got an inner size of 0)");
     cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (ep.dbias) x.epilogue = cu::Epilogue::bgrada;
-    lt_with_bias_grad(x, ep.dbias, ep.add_dbias, m);
+    if (!ep.dbias) return lt_.matmul(x, stream_);
+    x.epilogue = cu::Epilogue::bgrada;
+    if (lt_with_bias_grad(x, ep.dbias, ep.add_dbias, m, lt_bgrad_ok_)) return;
+    // A is stored [k, m]: its column sums are the bias gradient.
+    lt_.matmul(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), stream_);
+    launch_dact<fn::Identity>(k, m, a, lda, nullptr, static_cast<const T*>(nullptr), static_cast<T*>(nullptr), 0,
+                              false, ep.dbias, ep.add_dbias);
   }
 
   // d (=|+=) g * act'(aux) and dbias[j] (=|+=) its column sums, for an [m, n] gradient g with
@@ -395,18 +409,40 @@ class CudaExecutor {
     return x;
   }
 
-  // Runs x, whose epilogue writes its bias gradient (length `len`) to dbias or, when the gradient
-  // must be added (cuBLASLt only overwrites), to scratch that one more kernel adds to dbias.
+  // Runs x through cuBLASLt unless its kind of epilogue already found no kernel here (`ok`); false
+  // (and `ok` cleared, so later calls skip the query) when cuBLASLt has no algorithm for it: the
+  // caller then computes the same result with a plain GEMM and its own kernel.
+  bool try_lt(const cu::MatmulArgs& x, bool& ok) {
+    if (!ok) return false;
+    try {
+      lt_.matmul(x, stream_);
+      return true;
+    } catch (const cu::LtNoAlgorithm&) {
+      ok = false;
+      return false;
+    }
+  }
+
+  // try_lt for x, whose epilogue writes a bias gradient (length `len`): to dbias or, when the
+  // gradient must be added (cuBLASLt only overwrites), to scratch that one more kernel adds.
   template <class T>
-  void lt_with_bias_grad(cu::MatmulArgs& x, T* dbias, bool add, index_t len) {
+  bool lt_with_bias_grad(cu::MatmulArgs& x, T* dbias, bool add, index_t len, bool& ok) {
     TempPool<cuda>::Buffer scratch;
     if (dbias && add) scratch = temps_.take(std::size_t(len) * sizeof(T));
     x.bias = scratch.get() ? scratch.get() : static_cast<void*>(dbias);
-    lt_.matmul(x, stream_);
+    if (!try_lt(x, ok)) return false;
     if (scratch.get()) {
       cu::kernels::add_vector<<<blocks(len), threads, 0, stream_>>>(dbias, static_cast<const T*>(scratch.get()), len);
       KILN_CUDA_CHECK(cudaGetLastError());
     }
+    return true;
+  }
+
+  // Whether cuBLASLt's epilogues for Act have worked so far on this executor.
+  template <class Act>
+  bool& lt_act_ok() {
+    if constexpr (std::is_same_v<Act, fn::Relu>) return lt_relu_ok_;
+    else return lt_gelu_ok_;
   }
 
   // The dact kernel with act' read the way this executor's aux format allows.
@@ -429,6 +465,7 @@ class CudaExecutor {
   }
 
   cudaStream_t stream_;
+  bool lt_bias_ok_ = true, lt_bgrad_ok_ = true, lt_relu_ok_ = true, lt_gelu_ok_ = true;
   LaunchStats stats_;
   TempPool<cuda> temps_;
   cu::Lt lt_;
