@@ -177,3 +177,19 @@ TEST_CASE("An MLP training step is GEMMs only: act' and bias gradients ride on t
   CHECK(exec.stats().launches(kind::elementwise) == 1);  // backward's seed: d(loss)/d(loss) = 1
   CHECK(exec.stats().launches() == 8 + 2 + 1);           // + the cross-entropy's two loss kernels
 }
+
+TEST_CASE("ag::linear: no fold into a producer whose backward rule has left the tape") {
+  V x = matrix(6, 4, 1), w1 = matrix(5, 4, 2), w2 = matrix(3, 5, 3);
+  B b1 = vector(5, 4);
+  CpuExecutor exec(1);
+  Tape first(exec);
+  V h = ag::linear<fn::Relu>(first, x, w1, b1);
+  first.clear();  // h's producer will never run its backward
+  Tape second(exec);
+  auto loss = ag::sum(second, ag::map(second, ag::matmul(second, h, w2, false, true) * 2.0));
+  second.backward(loss);
+  CHECK(w2.has_grad());
+  CHECK(h.has_grad());  // the gradient reached h itself ...
+  CHECK_FALSE(b1.has_grad());  // ... and nothing went on to a producer that is gone
+  CHECK_FALSE(w1.has_grad());
+}

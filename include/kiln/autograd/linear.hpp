@@ -39,6 +39,7 @@ struct LinearState final : GemmGradFold<Exec, T> {
   const T* out = nullptr;                   // y's values (the CUDA ReLU path reads their sign)
   index_t rows = 0, cols = 0;
   bool taken = false;
+  bool open = true;  // false once the backward rule that consumes the fold is gone from the tape
 
   T* dz_data() const { return static_cast<T*>(dz.get()); }
 
@@ -55,7 +56,7 @@ struct LinearState final : GemmGradFold<Exec, T> {
 
   bool gemm(Exec& exec, bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, index_t lda, const T* b,
             index_t ldb) override {
-    if (taken || m != rows || n != cols || !exec.template folds_dact<Act>(k)) return false;
+    if (!open || taken || m != rows || n != cols || !exec.template folds_dact<Act>(k)) return false;
     dz = exec.temps().take(std::size_t(m * n) * sizeof(T));
     bool add = false;
     T* db = bias_grad(add);
@@ -63,6 +64,17 @@ struct LinearState final : GemmGradFold<Exec, T> {
     if (db) bias->grad_valid = true;
     taken = true;
     return true;
+  }
+};
+
+// Closes the offer when the backward rule holding it leaves the tape (it ran and the tape was
+// cleared, or the tape was cleared without a backward): a later backward through the same output
+// must not fold into a producer that will never run.
+template <class State>
+struct CloseOfferOnDrop {
+  std::weak_ptr<State> state;
+  ~CloseOfferOnDrop() {
+    if (auto s = state.lock()) s->open = false;
   }
 };
 
@@ -105,7 +117,9 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
   y.set_requires_grad(true);
   if constexpr (!identity) offer_fold<Exec, T>(*y.data(), state);
 
-  tape.record([xd = x.data(), wd = w.data(), yd = y.data(), state, m, n, k](Exec& exec) {
+  auto guard = std::make_shared<CloseOfferOnDrop<State>>();  // built in place: a temporary's destructor would close it
+  guard->state = state;
+  tape.record([xd = x.data(), wd = w.data(), yd = y.data(), state, guard, m, n, k](Exec& exec) {
     State& st = *state;
     const bool folded = st.taken;
     if (!folded && !yd->grad_valid) return;  // nothing flowed back into y
