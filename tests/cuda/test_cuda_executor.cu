@@ -30,8 +30,11 @@
 #include <utility>
 #include <vector>
 
+#include "support.hpp"
+
 namespace {
 
+using kiln_cuda_test::to_space;
 using kiln::dyn;
 using kiln::host;
 using kiln::index_t;
@@ -100,13 +103,6 @@ std::vector<double> fetch(Gpu& gpu, const kiln::Tensor<T, Device, D...>& t) {
   gpu.synchronize();
   KILN_CUDA_CHECK(cudaGetLastError());
   return host_values(kiln::to_host(t));
-}
-
-// A copy of a host tensor in space S (a clone for the host, an upload for the device).
-template <class S, class T, index_t... D>
-kiln::Tensor<T, S, D...> to_space(const kiln::Tensor<T, host, D...>& t) {
-  if constexpr (std::is_same_v<S, host>) return kiln::clone(t);
-  else return kiln::to_device(t);
 }
 
 // A tensor of `shape` in space S with every element set to v (a sentinel for outputs).

@@ -78,6 +78,16 @@ struct CloseOfferOnDrop {
   }
 };
 
+// The node type of the bias variable (VarNode, never dereferenced, for an op without a bias).
+template <class BiasVar>
+struct bias_data {
+  using type = typename BiasVar::data_type;
+};
+template <>
+struct bias_data<std::nullptr_t> {
+  using type = VarNode;
+};
+
 template <class Act, class Exec, class T, class S, index_t B, index_t I, index_t O, index_t I2, class BiasVar>
 auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, I2>& w, const BiasVar* bias) {
   static_assert(std::is_same_v<S, typename Exec::space>,
@@ -97,9 +107,7 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
     bias_values = bias->value().data();
     bias_grad = bias->requires_grad();
   }
-  using BiasData = std::conditional_t<has_bias, typename std::conditional_t<has_bias, BiasVar, Var<T, S>>::data_type,
-                                      VarNode>;
-  using State = LinearState<Exec, T, Act, BiasData>;
+  using State = LinearState<Exec, T, Act, typename bias_data<BiasVar>::type>;
 
   Exec& exec = tape.exec();
   Var<T, S, B, O> y(typename Var<T, S, B, O>::tensor_type(Shape{m, n}));
@@ -115,10 +123,12 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
             BiasAct<Act, T>{bias_values, state->aux.get()});
   if (!needs_grad) return y;
   y.set_requires_grad(true);
-  if constexpr (!identity) offer_fold<Exec, T>(*y.data(), state);
-
-  auto guard = std::make_shared<CloseOfferOnDrop<State>>();  // built in place: a temporary's destructor would close it
-  guard->state = state;
+  std::shared_ptr<CloseOfferOnDrop<State>> guard;  // only an offer needs closing
+  if constexpr (!identity) {
+    offer_fold<Exec, T>(*y.data(), state);
+    guard = std::make_shared<CloseOfferOnDrop<State>>();  // in place: a temporary's destructor would close it
+    guard->state = state;
+  }
   tape.record([xd = x.data(), wd = w.data(), yd = y.data(), state, guard, m, n, k](Exec& exec) {
     State& st = *state;
     const bool folded = st.taken;
