@@ -288,7 +288,6 @@ TEST_CASE("Sequential: sizes, fused Linear + activation, parameters, zero_grad, 
   for (index_t i = 0; i < 20; ++i) CHECK(h3.value().data()[i] == doctest::Approx(y.value().data()[i]).epsilon(1e-6));
 
   const std::int32_t labels[5] = {0, 1, 2, 3, 0};
-  tape.clear();
   auto loss = nn::cross_entropy(tape, model.forward(tape, x), labels);
   tape.backward(loss);
   for (const auto& p : model.parameters()) CHECK(p.node->grad_valid);

@@ -67,9 +67,8 @@ struct LinearState final : GemmGradFold<Exec, T> {
   }
 };
 
-// Closes the offer when the backward rule holding it leaves the tape (it ran and the tape was
-// cleared, or the tape was cleared without a backward): a later backward through the same output
-// must not fold into a producer that will never run.
+// Closes the offer when the backward step holding it is freed (a backward() ran and released it,
+// or its output died): a later GEMM must not fold into a producer that will never run.
 template <class State>
 struct CloseOfferOnDrop {
   std::weak_ptr<State> state;
@@ -129,26 +128,28 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
     guard = std::make_shared<CloseOfferOnDrop<State>>();  // in place: a temporary's destructor would close it
     guard->state = state;
   }
-  tape.record([xd = x.data(), wd = w.data(), yd = y.data(), state, guard, m, n, k](Exec& exec) {
+  std::vector<std::shared_ptr<VarNode>> inputs{x.data(), w.data()};
+  if constexpr (has_bias) inputs.push_back(bias->data());
+  tape.record(y, std::move(inputs), [xd = x.data(), wd = w.data(), state, guard, m, n, k](Exec& exec, auto& yd) {
     State& st = *state;
     const bool folded = st.taken;
-    if (!folded && !yd->grad_valid) return;  // nothing flowed back into y
+    if (!folded && !yd.grad_valid) return;  // nothing flowed back into y
     bool add_db = false;
     T* db = st.bias_grad(add_db);
     bool bias_done = false;
     typename State::Buffer scratch;
     const T* dz = nullptr;
     if constexpr (identity) {
-      dz = yd->grad.data();
+      dz = yd.grad.data();
     } else if (folded) {  // the consumer's GEMM wrote dZ and db; add what others sent to dY
       dz = st.dz_data();
-      if (yd->grad_valid)
-        exec.template dact<Act>(m, n, yd->grad.data(), st.aux.get(), st.out, st.dz_data(), true, db, true);
+      if (yd.grad_valid)
+        exec.template dact<Act>(m, n, yd.grad.data(), st.aux.get(), st.out, st.dz_data(), true, db, true);
       bias_done = true;
     } else {
       scratch = exec.temps().take(std::size_t(m * n) * sizeof(T));
       T* d = static_cast<T*>(scratch.get());
-      exec.template dact<Act>(m, n, yd->grad.data(), st.aux.get(), st.out, d, false, db, add_db);
+      exec.template dact<Act>(m, n, yd.grad.data(), st.aux.get(), st.out, d, false, db, add_db);
       dz = d;
       bias_done = true;
     }

@@ -5,7 +5,10 @@
 // gradient, plus one reduction per input that was broadcast (a bias, a scalar).
 #pragma once
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 #include <type_traits>
 
 #include "kiln/autograd/diff.hpp"
@@ -30,7 +33,7 @@ constexpr bool has_boundary() {
 template <class E, class F>
 void for_each_var(const E& e, F&& f) {
   if constexpr (custom_leaf<E>) {
-    f(*e.owner);
+    f(e.owner);
   } else if constexpr (is_leaf_v<E>) {
   } else {
     for_each_var(e.a, f);
@@ -53,14 +56,18 @@ auto map(Tape<Exec>& tape, X&& x) {
   assign(out.value(), e, tape.exec());
 
   bool needs_grad = false;
-  detail::for_each_var(e, [&](const VarNode& n) { needs_grad = needs_grad || n.requires_grad; });
+  std::vector<std::shared_ptr<VarNode>> inputs;
+  detail::for_each_var(e, [&](const std::shared_ptr<VarNode>& n) {
+    needs_grad = needs_grad || n->requires_grad;
+    inputs.push_back(n);
+  });
   if (!needs_grad || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record([e, od = out.data()](Exec& exec) {
-    if (!od->grad_valid) return;  // nothing flowed back into this result
-    const Shape s = od->value.shape();
+  tape.record(out, std::move(inputs), [e](Exec& exec, auto& od) {
+    if (!od.grad_valid) return;  // nothing flowed back into this result
+    const Shape s = od.value.shape();
     BackwardPlan<Exec> plan{exec, {}, {}, {}, {}};
-    MapBackwardKernel<E, T> k{Diff<E>(e, s, plan), od->grad.data(), s.cols()};
+    MapBackwardKernel<E, T> k{Diff<E>(e, s, plan), od.grad.data(), s.cols()};
     exec.for_each_element(s.rows(), s.cols(), k, kind::elementwise,
                           exec.stats().recording() ? "backward" + describe_launch(e, exec).substr(5) : "backward",
                           std::size_t(s.size()) * sizeof(T) * 2);

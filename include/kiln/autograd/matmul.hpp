@@ -23,9 +23,9 @@ auto matmul(Tape<Exec>& tape, const Var<T, S, A0, A1>& a, const Var<T, S, B0, B1
   tape.exec().gemm(ta, tb, m, n, k, 1.f, a.value().data(), lda, b.value().data(), ldb, 0.f, out.value().data(), n);
   if (!(a.requires_grad() || b.requires_grad()) || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record([ad = a.data(), bd = b.data(), od = out.data(), ta, tb, m, n, k, lda, ldb](Exec& exec) {
-    if (!od->grad_valid) return;
-    const T* dc = od->grad.data();
+  tape.record(out, {a.data(), b.data()}, [ad = a.data(), bd = b.data(), ta, tb, m, n, k, lda, ldb](Exec& exec, auto& od) {
+    if (!od.grad_valid) return;
+    const T* dc = od.grad.data();
     const T* A = ad->value.data();
     const T* B = bd->value.data();
     if (ad->requires_grad) {

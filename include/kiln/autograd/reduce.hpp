@@ -18,15 +18,15 @@ auto reduce_var(Tape<Exec>& tape, const Var<T, S, D...>& x) {
   assign(out.value(), node, tape.exec());
   if (!x.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record([xd = x.data(), od = out.data()](Exec& exec) {
-    if (!od->grad_valid || !xd->requires_grad) return;
+  tape.record(out, {x.data()}, [xd = x.data()](Exec& exec, auto& od) {
+    if (!od.grad_valid || !xd->requires_grad) return;
     const Shape s = xd->value.shape();
     const index_t n = Over == reduce_over::all ? s.size() : s.cols();
     const T scale = std::is_same_v<Op, red::Mean> ? T(1) / T(n > 0 ? n : 1) : T(1);
     // The output gradient as a scalar or a column [rows, 1] broadcast over the input.
     const Shape gs = Over == reduce_over::all ? Shape{} : Shape{s.rows(), 1};
-    View<const T, S, extents<dyn, dyn>> g2(od->grad.data(), Shape{s.rows(), 1});
-    View<const T, S, extents<>> g0(od->grad.data(), Shape{});
+    View<const T, S, extents<dyn, dyn>> g2(od.grad.data(), Shape{s.rows(), 1});
+    View<const T, S, extents<>> g0(od.grad.data(), Shape{});
     View<T, S, extents<dyn, dyn>> dx(xd->ensure_grad(), Shape{s.rows(), s.cols()});
     const bool add = xd->grad_valid;
     auto run = [&](const auto& g) {

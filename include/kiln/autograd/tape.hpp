@@ -1,12 +1,37 @@
-// kiln/autograd/tape.hpp — a minimal tape over materialised nodes (each a kernel or a library
-// call), replayed in reverse by backward().
+// kiln/autograd/tape.hpp — records the backward step of each materialised op (a kernel or a
+// library call) and runs, for one loss, exactly the steps that loss depends on.
+//
+//   auto la = nn::cross_entropy(tape, head_a.forward(tape, x), y);
+//   auto lb = nn::cross_entropy(tape, head_b.forward(tape, x), y);
+//   tape.backward(la);   // head a's graph only
+//   tape.backward(lb);   // head b's graph: both heads get the gradients backward(la + lb) gives
+//
+// Semantics, as PyTorch's autograd except where noted:
+// - The graph belongs to the results (var.hpp): the steps behind a dropped result are freed at
+//   once. The tape only numbers the steps it records (their order is a topological order) and
+//   counts those alive, warning once when they pile up (results computed outside NoGrad and kept).
+// - backward(loss) seeds d(loss)/d(loss) = 1 and runs the steps `loss` depends on in reverse order
+//   of recording; gradients of intermediate results start afresh in each backward, gradients of
+//   leaves (parameters) accumulate until zero_grad().
+// - Afterwards it releases each step it ran unless a step still alive and not run (the graph of
+//   another loss that shares this one's trunk) needs it. So, unlike PyTorch, two losses over a
+//   shared trunk can be backwarded in turn without retain_graph. A released result can not be
+//   backwarded through again: that throws, naming the result's shape. BackwardOptions::
+//   retain_graph keeps every step (backward the same loss twice, for instance).
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "kiln/autograd/var.hpp"
+#include "kiln/core/warning.hpp"
 #include "kiln/expr/assign.hpp"
 
 namespace kiln::ag {
@@ -16,6 +41,17 @@ inline bool& grad_mode() {
   thread_local bool enabled = true;
   return enabled;
 }
+// Global counters: steps from several tapes may meet in one graph, and their order must agree.
+inline std::atomic<std::uint64_t>& step_counter() {
+  static std::atomic<std::uint64_t> next{0};
+  return next;
+}
+inline std::atomic<std::uint64_t>& traversal_counter() {
+  static std::atomic<std::uint64_t> next{0};
+  return next;
+}
+template <class Exec>
+inline constexpr char exec_key = 0;
 }  // namespace detail
 
 inline bool grad_enabled() { return detail::grad_mode(); }
@@ -32,42 +68,149 @@ class NoGrad {
   bool previous_;
 };
 
+struct BackwardOptions {
+  bool retain_graph = false;  // keep every step that ran, to run it again
+};
+
+struct TapeOptions {
+  // Warn (once per tape) when more backward steps than this are alive, or more than 8 times
+  // the largest graph a backward() has run — whichever is larger.
+  std::size_t warn_alive_steps = 1024;
+};
+
 template <class Exec>
 class Tape {
+  struct Step final : GradFn {
+    std::function<void(Exec&)> run;
+  };
+
  public:
   using executor_type = Exec;
-  explicit Tape(Exec& exec) : exec_(&exec) {}
+  explicit Tape(Exec& exec, TapeOptions options = {}) : exec_(&exec), options_(options) {}
 
   Exec& exec() const { return *exec_; }
   bool recording() const { return grad_enabled(); }
-  std::size_t size() const { return backward_.size(); }
-  void clear() { backward_.clear(); }
+  // Backward steps recorded on this tape that are still alive: held by results that no backward
+  // has consumed yet (0 after a training step whose results are gone or backwarded).
+  std::size_t size() const { return *alive_; }
 
-  // Adds a backward rule; rules run in reverse order of recording.
-  void record(std::function<void(Exec&)> rule) {
-    if (recording()) backward_.push_back(std::move(rule));
+  // Records the backward step of the op that made `out` from `inputs`: rule(exec, out's node)
+  // reads out's gradient and writes (or adds to) the inputs' gradients. out takes ownership of
+  // the step; the step of each input that needs a gradient runs after it.
+  // requires: recording() (ops check it first: they skip saving what backward needs otherwise).
+  template <class T, class S, index_t... D, class Rule>
+  void record(const Var<T, S, D...>& out, std::vector<std::shared_ptr<VarNode>> inputs, Rule rule) {
+    using Data = typename Var<T, S, D...>::data_type;
+    auto step = std::make_shared<Step>();
+    Data* od = out.data().get();  // raw: the step is owned by *od, so *od outlives it
+    step->run = [od, rule = std::move(rule)](Exec& exec) { rule(exec, *od); };
+    step->inputs = std::move(inputs);
+    for (const auto& in : step->inputs) ++in->consumers;
+    step->seq = detail::step_counter()++;
+    step->exec_key = &detail::exec_key<Exec>;
+    step->live = alive_;
+    ++*alive_;
+    out.data()->grad_fn = std::move(step);
+    out.data()->graph_freed = false;
+    if (!warned_ && *alive_ > alive_limit()) warn_growth();
   }
 
-  // Seeds d(loss)/d(loss) = 1, runs every rule in reverse and clears the tape.
+  // d(loss)/d(every variable loss depends on that requires a gradient); see the header comment.
   template <class T, class S, index_t... D>
-  void backward(const Var<T, S, D...>& loss) {
+  void backward(const Var<T, S, D...>& loss, BackwardOptions options = {}) {
     static_assert(((D == 1 || D == dyn) && ...),
                   "kiln: backward() needs a scalar loss; reduce it first (kiln::ag::mean or kiln::ag::sum)");
     KILN_CHECK(loss.value().size() == 1, ShapeError, "backward() needs a scalar loss, got shape ",
                loss.shape().str(), "; reduce it first (kiln::ag::mean or kiln::ag::sum)");
+    auto& root = *loss.data();
+    KILN_CHECK(!root.graph_freed || root.grad_fn, ValueError,
+               "backward(): this loss was already backwarded and its graph freed; to backward it again, pass "
+               "{.retain_graph = true} to the first backward()");
     KILN_CHECK(loss.requires_grad(), ValueError,
                "backward(): the loss does not depend on any variable that requires a gradient");
-    auto& d = *loss.data();
-    d.ensure_grad();
-    assign(d.grad, 1.0, *exec_);
-    d.grad_valid = true;
-    for (auto it = backward_.rbegin(); it != backward_.rend(); ++it) (*it)(*exec_);
-    backward_.clear();
+    const std::vector<Visit> steps = collect(loss.data());
+    // Gradients of intermediate results hold this backward's contributions only.
+    for (const Visit& v : steps) v.node->grad_valid = false;
+    root.ensure_grad();
+    assign(root.grad, 1.0, *exec_);
+    root.grad_valid = true;
+    for (const Visit& v : steps) static_cast<Step&>(*v.step).run(*exec_);
+    if (!options.retain_graph) release(steps);
+    largest_graph_ = std::max(largest_graph_, steps.size());
   }
 
  private:
+  struct Visit {
+    std::shared_ptr<VarNode> node;  // held: releasing a consumer's step may drop the last owner
+    std::shared_ptr<GradFn> step;
+  };
+
+  std::size_t alive_limit() const { return std::max(options_.warn_alive_steps, 8 * largest_graph_); }
+
+  void warn_growth() {
+    warned_ = true;
+    warn(kiln::detail::concat(*alive_, " backward steps recorded on one tape are alive and no backward() has consumed them; "
+                                 "results computed with gradients on keep their graph and activations as long as "
+                                 "they live. Compute evaluations and metrics inside a kiln::ag::NoGrad scope (or "
+                                 "drop the results)"));
+  }
+
+  // The steps `root` depends on, in the order they must run (decreasing seq).
+  static std::vector<Visit> collect(const std::shared_ptr<VarNode>& root) {
+    const std::uint64_t mark = ++detail::traversal_counter();
+    std::vector<Visit> steps;
+    std::vector<std::shared_ptr<VarNode>> todo{root};
+    while (!todo.empty()) {
+      std::shared_ptr<VarNode> node = std::move(todo.back());
+      todo.pop_back();
+      if (!node->grad_fn) {
+        KILN_CHECK(!node->graph_freed, ValueError,
+                   "backward(): the loss depends on a result whose graph an earlier backward() freed; the "
+                   "gradients of everything before it would be missing. Record that result again, or pass "
+                   "{.retain_graph = true} to the earlier backward()");
+        continue;
+      }
+      GradFn& step = *node->grad_fn;
+      if (step.visited == mark) continue;
+      step.visited = mark;
+      KILN_CHECK(step.exec_key == &detail::exec_key<Exec>, ValueError,
+                 "backward(): part of the graph was recorded on a tape of another executor type");
+      for (const auto& in : step.inputs)
+        if (in->requires_grad) todo.push_back(in);
+      steps.push_back({std::move(node), nullptr});
+      steps.back().step = steps.back().node->grad_fn;
+    }
+    std::sort(steps.begin(), steps.end(), [](const Visit& a, const Visit& b) { return a.step->seq > b.step->seq; });
+    return steps;
+  }
+
+  // Frees each step that ran unless a step that did not run still consumes its result. Steps run
+  // consumers first, so one pass in that order decides: a result may go when every consumer of
+  // it is a step released here.
+  static void release(const std::vector<Visit>& steps) {
+    std::vector<bool> freed(steps.size(), false);
+    std::unordered_map<const VarNode*, std::size_t> released_consumers;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const VarNode* node = steps[i].node.get();
+      if (node->consumers != released_consumers[node]) continue;
+      freed[i] = true;
+      for (const auto& in : steps[i].step->inputs) ++released_consumers[in.get()];
+    }
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (!freed[i]) continue;
+      VarNode& node = *steps[i].node;
+      node.grad_fn.reset();  // the step itself dies with `steps`
+      node.graph_freed = true;
+      node.fold.reset();  // the producer's offer (and its saved buffers) can no longer be taken
+      node.fold_key = nullptr;
+    }
+  }
+
   Exec* exec_;
-  std::vector<std::function<void(Exec&)>> backward_;
+  TapeOptions options_;
+  std::shared_ptr<std::size_t> alive_ = std::make_shared<std::size_t>(0);
+  std::size_t largest_graph_ = 0;
+  bool warned_ = false;
 };
 
 }  // namespace kiln::ag

@@ -1,24 +1,55 @@
 // kiln/autograd/var.hpp — variables: a value tensor, its gradient, and whether it needs one.
 //
-// A Var is a shared handle (copies refer to the same node), as in PyTorch, so the tape can keep
-// what backward needs alive. Gradients follow set-to-none semantics: after zero_grad() the next
-// contribution writes the gradient instead of adding to it (no fill kernel), later ones add.
+// A Var is a shared handle (copies refer to the same node), as in PyTorch. Gradients follow
+// set-to-none semantics: after zero_grad() the next contribution writes the gradient instead of
+// adding to it (no fill kernel), later ones add.
+//
+// Ownership of the graph, as in PyTorch: a variable made by a recorded op owns that op's backward
+// step (VarNode::grad_fn), and the step owns the variables it sends gradients to (its inputs).
+// So a result keeps exactly the graph it depends on alive, and a result that is dropped frees its
+// graph and the activations it saved — evaluating without NoGrad costs work, not memory.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "kiln/core/error.hpp"
+#include "kiln/core/memory.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/expr/evaluator.hpp"
 #include "kiln/expr/node.hpp"
 
 namespace kiln::ag {
 
+struct VarNode;
+
+// One recorded op's backward step, type-erased (the tape that recorded it knows how to run it).
+// Owned by the variable the op produced; owns the variables whose gradients it writes.
+struct GradFn {
+  std::vector<std::shared_ptr<VarNode>> inputs;
+  std::uint64_t seq = 0;             // recording order: backward() runs steps in decreasing seq
+  const void* exec_key = nullptr;    // the executor type of the tape that recorded it
+  std::uint64_t visited = 0;         // the last backward() traversal that reached it
+  std::shared_ptr<std::size_t> live;  // the recording tape's count of steps alive
+  GradFn() = default;
+  GradFn(const GradFn&) = delete;
+  GradFn& operator=(const GradFn&) = delete;
+  virtual ~GradFn();
+};
+
 // The type-erased part of a variable the tape and backward kernels need.
 struct VarNode {
   bool requires_grad = false;
   bool grad_valid = false;  // false: the gradient buffer holds no contribution yet
+  // Set when a backward() ran and released grad_fn: a later backward() through this variable
+  // would miss the gradients of everything before it, so it throws instead.
+  bool graph_freed = false;
+  std::shared_ptr<GradFn> grad_fn;  // null for leaves (parameters, inputs) and freed results
+  std::size_t consumers = 0;        // live backward steps that list this variable as an input
   // Set by the op that produced this variable when it can run the first step of its own backward
   // inside the GEMM that computes this variable's gradient (ag::linear's act' and bias gradient
   // in a DRELU_BGRAD-style epilogue). Keyed by executor and value type; see autograd/fold.hpp.
@@ -26,6 +57,11 @@ struct VarNode {
   const void* fold_key = nullptr;
   virtual ~VarNode() = default;
 };
+
+inline GradFn::~GradFn() {
+  if (live) --*live;
+  for (const auto& in : inputs) --in->consumers;
+}
 
 template <class T, class S, class Ext>
 struct tensor_of;
@@ -69,6 +105,16 @@ class Var {
   void set_requires_grad(bool on) { d_->requires_grad = on; }
   void zero_grad() { d_->grad_valid = false; }
   const Shape& shape() const { return d_->value.shape(); }
+  // The value of a one-element variable (a loss) on the host. On a device this waits for all
+  // work the device has queued: read it every few steps, not every step, in a fast loop.
+  // throws: ShapeError when the variable holds more or fewer than one element.
+  T item() const {
+    KILN_CHECK(d_->value.size() == 1, ShapeError, "item() needs a one-element variable, got shape ",
+               d_->value.shape().str());
+    T out{};
+    memory_traits<S>::copy_to_host(&out, d_->value.data(), sizeof(T));
+    return out;
+  }
   index_t dim(int i) const { return d_->value.dim(i); }
   const std::shared_ptr<data_type>& data() const { return d_; }
 

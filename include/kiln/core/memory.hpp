@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <new>
 
 #include "kiln/core/error.hpp"
@@ -28,6 +29,10 @@ struct memory_traits<host> {
   }
   static void deallocate(void* p, std::size_t /*bytes*/) noexcept {
     if (p) ::operator delete(p, std::align_val_t(alignment));
+  }
+  // Copies bytes of this space into host memory (Var::item()).
+  static void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
   }
 };
 

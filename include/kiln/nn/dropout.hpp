@@ -62,11 +62,11 @@ ag::Var<T, S, D...> dropout(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, 
   tape.exec().for_each_element(1, n, kernel, kind::elementwise, "dropout", std::size_t(n) * sizeof(T) * 2);
   if (!x.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record([xd = x.data(), od = out.data(), n, pf, scale, seed, offset](Exec& exec) {
-    if (!od->grad_valid || !xd->requires_grad) return;
+  tape.record(out, {x.data()}, [xd = x.data(), n, pf, scale, seed, offset](Exec& exec, auto& od) {
+    if (!od.grad_valid || !xd->requires_grad) return;
     const bool add = xd->grad_valid;
     T* dx = xd->ensure_grad();
-    exec.for_each_element(1, n, detail::DropoutBackward<T>{dx, od->grad.data(), seed, offset, pf, scale, add},
+    exec.for_each_element(1, n, detail::DropoutBackward<T>{dx, od.grad.data(), seed, offset, pf, scale, add},
                           kind::elementwise, "dropout_backward", std::size_t(n) * sizeof(T) * 2);
     xd->grad_valid = true;
   });

@@ -135,10 +135,13 @@ ag::Var<T, S, D...> layer_norm_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D.
   const bool any = x.requires_grad() || (wd && wd->requires_grad) || (bd && bd->requires_grad);
   if (!any || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record([xd = x.data(), wd, bd, od = out.data(), stats, rows, cols, bytes](Exec& exec) {
-    if (!od->grad_valid) return;
+  std::vector<std::shared_ptr<ag::VarNode>> inputs{x.data()};
+  if (wd) inputs.push_back(wd);
+  if (bd) inputs.push_back(bd);
+  tape.record(out, std::move(inputs), [xd = x.data(), wd, bd, stats, rows, cols, bytes](Exec& exec, auto& od) {
+    if (!od.grad_valid) return;
     const T* X = xd->value.data();
-    const T* G = od->grad.data();
+    const T* G = od.grad.data();
     const T* M = stats->data();
     const T* R = M + rows;
     if (xd->requires_grad) {

@@ -149,11 +149,11 @@ struct Flatten {
                                    std::size_t(n) * sizeof(T) * 2);
       if (!x.requires_grad() || !tape.recording()) return out;
       out.set_requires_grad(true);
-      tape.record([xd = x.data(), od = out.data(), n](Exec& exec) {
-        if (!od->grad_valid || !xd->requires_grad) return;
+      tape.record(out, {x.data()}, [xd = x.data(), n](Exec& exec, auto& od) {
+        if (!od.grad_valid || !xd->requires_grad) return;
         const bool add = xd->grad_valid;
         T* dx = xd->ensure_grad();
-        const T* G = od->grad.data();
+        const T* G = od.grad.data();
         exec.for_each_element(1, n, detail::FlattenBackward<T>{dx, G, add}, kind::copy,
                               "flatten_backward", std::size_t(n) * sizeof(T) * 2);
         xd->grad_valid = true;

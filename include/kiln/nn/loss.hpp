@@ -163,14 +163,14 @@ ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& log
   else tape.exec().for_each_element(1, 1, total, kind::loss, "cross_entropy_sum", std::size_t(rows) * sizeof(T));
   if (!logits.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record([xd = logits.data(), od = out.data(), saved_labels, lse, rows, cols, scale, on, off,
-               bytes](Exec& exec) {
-    if (!od->grad_valid || !xd->requires_grad) return;
+  tape.record(out, {logits.data()},
+              [xd = logits.data(), saved_labels, lse, rows, cols, scale, on, off, bytes](Exec& exec, auto& od) {
+    if (!od.grad_valid || !xd->requires_grad) return;
     const bool add = xd->grad_valid;
     T* dx = xd->ensure_grad();
     exec.for_each_element(rows, cols,
                           detail::CrossEntropyBackward<T>{dx, xd->value.data(), lse->data(), saved_labels->data(),
-                                                          od->grad.data(), cols, scale, on, off, add},
+                                                          od.grad.data(), cols, scale, on, off, add},
                           kind::loss, "cross_entropy_backward", bytes * 2);
     xd->grad_valid = true;
   });
@@ -204,15 +204,15 @@ ag::Var<T, S> mse_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& pred, co
   else assign(out.value(), kiln::sum(square(p - t)), tape.exec());
   if (!(pred.requires_grad() || target.requires_grad()) || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record([pd = pred.data(), td = target.data(), od = out.data(), n, scale](Exec& exec) {
-    if (!od->grad_valid) return;
+  tape.record(out, {pred.data(), target.data()}, [pd = pred.data(), td = target.data(), n, scale](Exec& exec, auto& od) {
+    if (!od.grad_valid) return;
     const bool dp = pd->requires_grad, dt = td->requires_grad;
     if (!dp && !dt) return;
     const bool add_p = pd->grad_valid, add_t = td->grad_valid;
     T* gp = dp ? pd->ensure_grad() : nullptr;
     T* gt = dt ? td->ensure_grad() : nullptr;
     exec.for_each_element(
-        1, n, detail::MseBackward<T>{gp, gt, pd->value.data(), td->value.data(), od->grad.data(), scale, add_p, add_t},
+        1, n, detail::MseBackward<T>{gp, gt, pd->value.data(), td->value.data(), od.grad.data(), scale, add_p, add_t},
         kind::loss, "mse_loss_backward", std::size_t(n) * sizeof(T) * 3);
     if (dp) pd->grad_valid = true;
     if (dt) td->grad_valid = true;

@@ -87,11 +87,11 @@ ag::Var<T, S, D...> softmax_op(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& 
                Log ? "log_softmax" : "softmax", bytes);
   if (!x.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record([xd = x.data(), od = out.data(), rows, cols, bytes](Exec& exec) {
-    if (!od->grad_valid || !xd->requires_grad) return;
+  tape.record(out, {x.data()}, [xd = x.data(), rows, cols, bytes](Exec& exec, auto& od) {
+    if (!od.grad_valid || !xd->requires_grad) return;
     const bool add = xd->grad_valid;
     T* dx = xd->ensure_grad();
-    launch_lines<false>(exec, rows, cols, SoftmaxBackwardRows<Log, T>{dx, od->grad.data(), od->value.data(), cols, add},
+    launch_lines<false>(exec, rows, cols, SoftmaxBackwardRows<Log, T>{dx, od.grad.data(), od.value.data(), cols, add},
                  Log ? "log_softmax_backward" : "softmax_backward", bytes * 2);
     xd->grad_valid = true;
   });

@@ -22,6 +22,13 @@ struct memory_traits<cuda> {
       }
     }
   }
+  // Copies device bytes into host memory after ALL work on the device has finished (Var::item()
+  // synchronises: the value may come from any stream, and cudaMemcpy alone does not wait for a
+  // non-blocking one).
+  static void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    if (bytes) KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  }
 };
 
 // Host → device copy (blocking: the host tensor may be freed right after).
