@@ -27,6 +27,7 @@
 
 #if defined(_OPENMP)
 #include <omp.h>
+#include "timing.hpp"
 #endif
 
 namespace {
@@ -66,18 +67,9 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
+using kiln_bench::median;
 
-template <class F>
-double seconds(F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+using kiln_bench::seconds;
 
 using kiln_bench::chain;
 

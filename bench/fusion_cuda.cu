@@ -13,6 +13,7 @@
 #include "kiln/cuda.cuh"
 
 #include "chains.hpp"
+#include "timing.hpp"
 
 namespace {
 
@@ -20,10 +21,7 @@ using Vec = kiln::Tensor<float, kiln::cuda, kiln::dyn>;
 
 using kiln_bench::chain;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kiln_bench::median;
 
 // Seconds of one call of f on the executor's stream, by CUDA events.
 template <class F>

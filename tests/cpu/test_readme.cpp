@@ -1,7 +1,20 @@
-// The README's snippets, compiled and checked so they never rot.
+// The README's snippets, compiled and checked so they never rot; and the README's copies of them
+// must equal these (the last test case compares the text).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "kiln.hpp"
+#include "kiln/nn/activation.hpp"
+#include "kiln/nn/linear.hpp"
+#include "kiln/nn/loss.hpp"
+#include "kiln/nn/sequential.hpp"
 
 TEST_CASE("readme: fused expression") {
   // example-begin fused
@@ -19,4 +32,85 @@ TEST_CASE("readme: fused expression") {
   kiln::assign<kiln::stance::force_eager>(y, kiln::maximum(x * 2.0f + bias, 0.0f) * 3.0f - 1.0f, exec);
   CHECK(exec.stats().launches() == 1 + 5);
   // example-end fused
+}
+
+// example-begin activation-functor
+// softsign(x) = x / (1 + |x|): a value and its derivative, for host and device.
+struct Softsign {
+  static constexpr const char* name = "softsign";
+  template <class T>
+  KILN_HOST_DEVICE T operator()(T x) const {
+    return x / (T(1) + (x < T(0) ? -x : x));
+  }
+  template <class T>
+  KILN_HOST_DEVICE T d(T x) const {
+    const T a = T(1) + (x < T(0) ? -x : x);
+    return T(1) / (a * a);
+  }
+};
+// example-end activation-functor
+
+TEST_CASE("readme: an activation of your own, and two losses backwarded in turn") {
+  // example-begin activation-model
+  using Model = kiln::nn::Sequential<kiln::nn::Linear<4, 8>, kiln::nn::Activation<Softsign>, kiln::nn::Linear<8, 3>>;
+  Model model(/*seed=*/1);
+  kiln::CpuExecutor exec;
+  kiln::ag::Tape tape(exec);
+  kiln::ag::Var<float, kiln::host, kiln::dyn, 4> x(kiln::Tensor<float, kiln::host, kiln::dyn, 4>(2, 4));
+  kiln::assign(x.value(), 0.5f, exec);
+  exec.stats().set_recording(true);
+  auto logits = model.forward(tape, x);  // Linear + softsign: ONE GEMM with the activation in its epilogue
+  CHECK(exec.stats().records()[0].name == "gemm+bias+softsign");
+  const std::int32_t a_labels[2] = {0, 2}, b_labels[2] = {1, 1};
+  auto la = kiln::nn::cross_entropy(tape, logits, a_labels);
+  auto lb = kiln::nn::cross_entropy(tape, logits, b_labels);
+  model.zero_grad();
+  tape.backward(la);  // runs la's graph; the shared part stays for lb
+  tape.backward(lb);  // the gradients now equal those of la + lb
+  CHECK(model.layer<0>().weight().has_grad());
+  CHECK(la.item() > 0.0f);
+  // example-end activation-model
+}
+
+namespace {
+// The blocks between `// example-begin NAME` and `// example-end NAME` lines, each line stripped of
+// the block's common indentation.
+std::map<std::string, std::string> blocks(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot open ", path);
+  std::map<std::string, std::string> out;
+  std::string line, name;
+  std::vector<std::string> lines;
+  const std::string begin_mark = "// example-begin ", end_mark = "// example-end ";
+  while (std::getline(in, line)) {
+    const std::size_t first = line.find_first_not_of(' ');
+    const std::string trimmed = first == std::string::npos ? "" : line.substr(first);
+    if (trimmed.rfind(begin_mark, 0) == 0) {
+      name = trimmed.substr(begin_mark.size());
+      lines.clear();
+    } else if (trimmed.rfind(end_mark, 0) == 0 && !name.empty()) {
+      std::size_t indent = std::string::npos;
+      for (const auto& l : lines)
+        if (l.find_first_not_of(' ') != std::string::npos) indent = std::min(indent, l.find_first_not_of(' '));
+      std::string text;
+      for (const auto& l : lines) text += (l.size() > indent ? l.substr(indent) : std::string()) + "\n";
+      out[name] = text;
+      name.clear();
+    } else if (!name.empty()) {
+      lines.push_back(line);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("readme: every snippet in README.md is this file's text") {
+  const auto readme = blocks(std::string(KILN_SOURCE_DIR) + "/README.md");
+  const auto tests = blocks(std::string(KILN_SOURCE_DIR) + "/tests/cpu/test_readme.cpp");
+  CHECK(readme.size() >= 3);
+  for (const auto& [name, text] : readme) {
+    CAPTURE(name);
+    REQUIRE(tests.count(name) == 1);
+    CHECK(text == tests.at(name));
+  }
 }

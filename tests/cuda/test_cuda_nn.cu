@@ -203,3 +203,58 @@ TEST_CASE("nn on CudaExecutor: Flatten and mse_loss (a target that requires a gr
     check_close(got[k], ref[k], 1e-4);
   }
 }
+
+namespace {
+
+// Dropout on one executor: a and b = dropout(x1) and dropout(x2) with the same seed and offset,
+// c = dropout(x2) with another seed and offset, then the gradient of sum(a·w + b·w + c·w2):
+// x1's gradient is written by one dropout backward (through the stored mask), x2's written by
+// one and added to by the other. Returns a, b, c, x1's and x2's gradients.
+template <class Exec>
+std::vector<std::vector<double>> dropout_once(Exec& exec, const kiln::Tensor<float, host, dyn, dyn>& x,
+                                              const kiln::Tensor<float, host, dyn, dyn>& w,
+                                              const kiln::Tensor<float, host, dyn, dyn>& w2, std::uint64_t offset) {
+  using S = typename Exec::space;
+  kiln::ag::Tape<Exec> tape(exec);
+  kiln::ag::Var<float, S, dyn, dyn> x1(to_space<S>(x), true), x2(to_space<S>(x), true);
+  kiln::ag::Var<float, S, dyn, dyn> vw(to_space<S>(w)), vw2(to_space<S>(w2));
+  auto a = nn::dropout(tape, x1, 0.3, 1234, offset);
+  auto b = nn::dropout(tape, x2, 0.3, 1234, offset);
+  auto c = nn::dropout(tape, x2, 0.6, 77, offset + 7);
+  tape.backward(kiln::ag::sum(tape, kiln::ag::map(tape, a * vw + b * vw + c * vw2)));
+  return {fetch(a.value()), fetch(b.value()), fetch(c.value()), fetch(x1.grad()), fetch(x2.grad())};
+}
+
+}  // namespace
+
+TEST_CASE("nn on CudaExecutor: dropout's device mask is the CPU's for any offset and size (forward, backward)") {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);  // never 0: y == 0 means dropped
+  const index_t shapes[][2] = {{1, 1}, {1, 9}, {3, 7}, {37, 129}, {64, 256}, {5, 70001}};
+  for (const auto& shape : shapes) {
+    const index_t rows = shape[0], cols = shape[1], n = rows * cols;
+    kiln::Tensor<float, host, dyn, dyn> x(rows, cols), w(rows, cols), w2(rows, cols);
+    for (index_t i = 0; i < n; ++i) {
+      x.data()[i] = u(rng);
+      w.data()[i] = u(rng) - 1.0f;
+      w2.data()[i] = u(rng);
+    }
+    for (std::uint64_t offset : {std::uint64_t(0), std::uint64_t(3), std::uint64_t(1001), std::uint64_t(1) << 40}) {
+      INFO("[" << rows << ", " << cols << "] at offset " << offset);
+      Cpu cpu;
+      Gpu gpu;
+      const auto ref = dropout_once(cpu, x, w, w2, offset);
+      const auto got = dropout_once(gpu, x, w, w2, offset);
+      REQUIRE(got.size() == 5);
+      for (std::size_t k = 0; k < 4; ++k) {
+        INFO("result " << k);
+        CHECK(got[k] == ref[k]);  // bit for bit: the same Philox words, one rounded multiply
+      }
+      check_close(got[4], ref[4], 1e-6);  // a sum the device may fuse into an FMA
+      for (index_t i = 0; i < n; ++i) {
+        REQUIRE((got[0][std::size_t(i)] != 0) == nn::dropout_keeps(1234, offset, i, 0.3f));
+        REQUIRE((got[2][std::size_t(i)] != 0) == nn::dropout_keeps(77, offset + 7, i, 0.6f));
+      }
+    }
+  }
+}

@@ -2,6 +2,9 @@
 // counterpart: the CPU optimizers run on the same parameters and gradients, the host Loader
 // delivers the batches the DeviceLoader must reproduce.
 //
+// Parameters without a gradient (a has_grad flag that is false) must be skipped as on the CPU:
+// the device's value and state of such a parameter are checked unchanged to the bit.
+//
 // Optimizer results agree to rounding, not to the bit: nvcc contracts a * b + c into fused
 // multiply-adds, the host compiler need not. A host experiment (the CPU optimizers built with and
 // without -mfma -ffp-contract=fast, on these sizes, options and steps) put the largest difference
@@ -17,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -95,9 +99,13 @@ struct Model {
   std::vector<index_t> sizes{0, 1, 3, 4096, 4097, (index_t(1) << 20) + 7, 0, 1000};
   std::vector<std::vector<float>> value, grad;
   std::vector<DeviceBuffer<float>> d_value, d_grad;
+  // One "has a gradient" flag per parameter, shared by the host and the device table (flags
+  // live on the host in both cases); attached only to tables asked for with `flagged`.
+  std::unique_ptr<bool[]> flag = std::make_unique<bool[]>(sizes.size());
   std::mt19937 rng{12345};
 
   Model() {
+    for (std::size_t k = 0; k < sizes.size(); ++k) flag[k] = true;
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     for (index_t n : sizes) {
       value.emplace_back(std::size_t(n));
@@ -112,15 +120,24 @@ struct Model {
     for (index_t n : sizes) t += n;
     return t;
   }
-  ParamTable host_table() {
+  ParamTable host_table(bool flagged = false) {
     ParamTable t;
-    for (std::size_t k = 0; k < sizes.size(); ++k) t.add(value[k].data(), grad[k].data(), sizes[k]);
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      t.add(value[k].data(), grad[k].data(), sizes[k], flagged ? &flag[k] : nullptr);
     return t;
   }
-  ParamTable device_table() {
+  ParamTable device_table(bool flagged = false) {
     ParamTable t;
-    for (std::size_t k = 0; k < sizes.size(); ++k) t.add(d_value[k].data(), d_grad[k].data(), sizes[k]);
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      t.add(d_value[k].data(), d_grad[k].data(), sizes[k], flagged ? &flag[k] : nullptr);
     return t;
+  }
+  // Parameter k's piece of a flat (table-order) vector.
+  std::vector<float> piece(const std::vector<float>& flat, std::size_t k) const {
+    if (flat.empty()) return {};
+    index_t off = 0;
+    for (std::size_t j = 0; j < k; ++j) off += sizes[j];
+    return std::vector<float>(flat.begin() + off, flat.begin() + off + sizes[k]);
   }
   void upload_values(cudaStream_t s) {
     for (std::size_t k = 0; k < sizes.size(); ++k) upload(d_value[k].data(), value[k], s);
@@ -149,33 +166,95 @@ struct Model {
   }
 };
 
+// Every state buffer of a CUDA optimizer, downloaded (an empty vector for one not allocated).
+std::vector<std::vector<float>> device_state(const kiln::optim::CudaSgd& o, index_t n, cudaStream_t s) {
+  if (o.d_momentum_buffer() == nullptr) return {{}};
+  return {download(o.d_momentum_buffer(), n, s)};
+}
+template <class Opt>
+std::vector<std::vector<float>> device_state(const Opt& o, index_t n, cudaStream_t s) {
+  std::vector<std::vector<float>> out{download(o.d_exp_avg(), n, s), download(o.d_exp_avg_sq(), n, s)};
+  if (o.d_max_exp_avg_sq() != nullptr) out.push_back(download(o.d_max_exp_avg_sq(), n, s));
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Which parameters have a gradient at step s.
+using Activity = std::function<bool(int step, std::size_t k)>;
+
 // Runs `steps` steps of a CPU and a CUDA optimizer side by side (the lr changed half way),
-// checking one launch a step, then the parameters and every state buffer.
+// checking one launch a step, then the parameters and every state buffer. With `active`, the
+// tables carry has_grad flags set from it before each step, and the device's value and state of
+// every parameter without a gradient are checked unchanged to the bit by that step.
 template <class CpuOpt, class CudaOpt, class Options, class CheckState>
-void compare_steps(const Options& options, double second_lr, CheckState check_state) {
+void compare_steps(const Options& options, double second_lr, CheckState check_state, const Activity& active = {}) {
   TestStream stream;
   Model model;
   model.upload_values(stream.s);
   CpuExecutor cpu_exec(1);
   CudaExecutor exec(stream.s);
-  CpuOpt cpu(model.host_table(), options);
-  CudaOpt gpu(model.device_table(), options);
+  const bool flagged = bool(active);
+  CpuOpt cpu(model.host_table(flagged), options);
+  CudaOpt gpu(model.device_table(flagged), options);
   CHECK(gpu.device_table().total_size() == model.total());
   const int steps = 5;
+  std::size_t launching_steps = 0;
   for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
     if (s == steps / 2) {
       cpu.set_lr(second_lr);
       gpu.set_lr(second_lr);
     }
-    model.new_grads(stream.s);
+    model.new_grads(stream.s);  // a parameter without a gradient keeps a stale, non-zero buffer
+    index_t work = 0;
+    for (std::size_t k = 0; k < model.sizes.size(); ++k) {
+      if (flagged) model.flag[k] = active(s, k);
+      if (model.flag[k]) work += model.sizes[k];
+    }
+    launching_steps += work > 0 ? 1 : 0;
+    if (!flagged) {
+      cpu.step(cpu_exec);
+      gpu.step(exec);
+      continue;
+    }
+    const std::vector<float> value_before = model.device_flat(model.d_value, stream.s);
+    const auto state_before = device_state(gpu, model.total(), stream.s);
     cpu.step(cpu_exec);
     gpu.step(exec);
+    const std::vector<float> value_after = model.device_flat(model.d_value, stream.s);
+    const auto state_after = device_state(gpu, model.total(), stream.s);
+    for (std::size_t k = 0; k < model.sizes.size(); ++k) {
+      if (model.flag[k] || model.sizes[k] == 0) continue;
+      CAPTURE(k);
+      CHECK(same_bits(model.piece(value_after, k), model.piece(value_before, k)));
+      for (std::size_t b = 0; b < state_after.size(); ++b)
+        if (b < state_before.size() && !state_before[b].empty())
+          CHECK(same_bits(model.piece(state_after[b], k), model.piece(state_before[b], k)));
+    }
   }
-  CHECK(exec.stats().launches(kiln::kind::optimizer) == std::size_t(steps));
-  CHECK(exec.stats().launches() == std::size_t(steps));
+  CHECK(exec.stats().launches(kiln::kind::optimizer) == launching_steps);
+  CHECK(exec.stats().launches() == launching_steps);
   CHECK(gpu.steps() == cpu.steps());
+  if constexpr (requires { gpu.param_steps(0); })
+    for (index_t k = 0; k < index_t(model.sizes.size()); ++k) CHECK(gpu.param_steps(k) == cpu.param_steps(k));
   CHECK(mismatches(model.device_flat(model.d_value, stream.s), model.flat(model.value), "value") == 0);
   check_state(cpu, gpu, model.total(), stream.s);
+}
+
+// Parameters 1 and 5 (the large one) start late, 3 skips steps 1 and 3, only 7 has a gradient at
+// step 4: mixed step counts (Adam's per-parameter bias corrections), buffers starting late
+// (SGD), and uniform steps in between.
+bool mixed_activity(int step, std::size_t k) {
+  switch (step) {
+    case 0: return k != 1 && k != 5;
+    case 1: return k != 3;
+    case 2: return true;
+    case 3: return k != 3;
+    default: return k == 7;
+  }
 }
 
 // The state buffers of a CPU and a CUDA Adam(W) after the same steps.
@@ -224,6 +303,34 @@ TEST_SUITE("cuda optimizers") {
     }
   }
 
+  TEST_CASE("CUDA optimizers skip parameters without a gradient exactly as the CPU ones") {
+    SUBCASE("AdamW") {
+      compare_steps<AdamW, CudaAdamW>(AdamWOptions{.weight_decay = 0.1}, 3e-3, AdamState{}, mixed_activity);
+    }
+    SUBCASE("AdamW amsgrad") {
+      compare_steps<AdamW, CudaAdamW>(AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true}, 5e-3,
+                                      AdamState{}, mixed_activity);
+    }
+    SUBCASE("Adam with L2 decay") {
+      compare_steps<Adam, CudaAdam>(AdamOptions{.lr = 1e-2, .weight_decay = 0.1}, 5e-3, AdamState{}, mixed_activity);
+    }
+    SUBCASE("Adam amsgrad") {
+      compare_steps<Adam, CudaAdam>(AdamOptions{.lr = 1e-2, .amsgrad = true}, 5e-3, AdamState{}, mixed_activity);
+    }
+    SUBCASE("Sgd plain") { compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1}, 0.05, SgdState{}, mixed_activity); }
+    SUBCASE("Sgd nesterov momentum with weight decay") {
+      compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-2, .nesterov = true}, 0.05,
+                                  SgdState{}, mixed_activity);
+    }
+    SUBCASE("Sgd dampened momentum") {
+      compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1}, 0.05, SgdState{},
+                                  mixed_activity);
+    }
+    SUBCASE("after the first step no parameter has a gradient: no launch, nothing moves") {
+      compare_steps<AdamW, CudaAdamW>(AdamWOptions{}, 3e-3, AdamState{}, [](int s, std::size_t) { return s == 0; });
+    }
+  }
+
   TEST_CASE("CudaSgd matches the CPU step for step") {
     SUBCASE("plain") { compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1}, 0.05, SgdState{}); }
     SUBCASE("nesterov momentum with weight decay") {
@@ -267,6 +374,33 @@ TEST_SUITE("cuda optimizers") {
     opt.zero_grad(exec);
     CHECK(exec.stats().launches() == 1);
     CHECK(exec.stats().launches(kiln::kind::elementwise) == 1);
+    const std::vector<float> g = model.device_flat(model.d_grad, stream.s);
+    CHECK(std::count(g.begin(), g.end(), 0.0f) == std::ptrdiff_t(g.size()));
+  }
+
+  TEST_CASE("zero_grad: set_to_none clears flags without a launch; set_to_none = false fills and sets them") {
+    TestStream stream;
+    Model model;
+    model.new_grads(stream.s);
+    CudaExecutor exec(stream.s);
+    ParamTable table = model.device_table(true);
+    DeviceBuffer<float> w(5), dw(5);
+    upload(dw.data(), std::vector<float>(5, 3.0f), stream.s);
+    table.add(w.data(), dw.data(), 5);  // no flag: zero-filled in both modes
+    CudaAdamW opt(table, {});
+    opt.zero_grad(exec);
+    CHECK(exec.stats().launches() == 1);  // the unflagged parameter only
+    for (std::size_t k = 0; k < model.sizes.size(); ++k) CHECK_FALSE(model.flag[k]);
+    CHECK(mismatches(model.device_flat(model.d_grad, stream.s), model.flat(model.grad), "untouched grad") == 0);
+    CHECK(download(dw.data(), 5, stream.s) == std::vector<float>(5, 0.0f));
+
+    exec.stats().reset();
+    cuda_zero_grad(CudaParamTable(model.device_table(true)), exec);
+    CHECK(exec.stats().launches() == 0);  // every parameter flagged: nothing to fill
+
+    opt.zero_grad(exec, false);
+    CHECK(exec.stats().launches() == 1);
+    for (std::size_t k = 0; k < model.sizes.size(); ++k) CHECK(model.flag[k]);
     const std::vector<float> g = model.device_flat(model.d_grad, stream.s);
     CHECK(std::count(g.begin(), g.end(), 0.0f) == std::ptrdiff_t(g.size()));
   }
@@ -323,6 +457,34 @@ TEST_SUITE("cuda grad norm") {
     }
     CHECK(exec.stats().launches(kiln::kind::reduce) == 10);
     CHECK_THROWS_AS(cuda_grad_norm(dev, exec, 0.0), kiln::ValueError);
+  }
+
+  TEST_CASE("cuda_grad_norm and cuda_clip_grad_norm leave out parameters without a gradient, as the CPU") {
+    TestStream stream;
+    Model model;
+    model.new_grads(stream.s);
+    model.grad[5][12345] = 1e6f;  // stale, in a parameter without a gradient: would dominate
+    upload(model.d_grad[5].data(), model.grad[5], stream.s);
+    model.flag[5] = false;
+    model.flag[2] = false;
+    CpuExecutor cpu_exec(1);
+    CudaExecutor exec(stream.s);
+    const ParamTable host = model.host_table(true);
+    const CudaParamTable dev(model.device_table(true));
+    for (double p : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+      CAPTURE(p);
+      const double want = grad_norm(host, cpu_exec, p);
+      CHECK(want < 1e5);
+      CHECK(std::fabs(cuda_grad_norm(dev, exec, p) - want) <= 1e-10 * want);
+    }
+    const std::vector<float> stale = model.grad[5];
+    const double want = clip_grad_norm(host, 1.0, cpu_exec);
+    CHECK(cuda_clip_grad_norm(dev, 1.0, exec) == doctest::Approx(want).epsilon(1e-10));
+    CHECK(model.grad[5] == stale);  // the CPU left it alone
+    CHECK(mismatches(model.device_flat(model.d_grad, stream.s), model.flat(model.grad), "clipped grad") == 0);
+    CHECK(same_bits(download(model.d_grad[5].data(), model.sizes[5], stream.s), stale));
+    for (std::size_t k = 0; k < model.sizes.size(); ++k) model.flag[k] = false;
+    CHECK(cuda_grad_norm(dev, exec) == 0.0);
   }
 
   TEST_CASE("a NaN gradient makes the norm NaN, and error_if_nonfinite throws before touching grads") {

@@ -173,7 +173,7 @@ Results dropout_run(Exec& exec, const HMat<float>& x, const HMat<float>& dy) {
   ag::Tape<Exec> tape(exec);
   ag::Var<float, S, dyn, dyn> x1(to_space<S>(x), true), x2(to_space<S>(x), true), x3(to_space<S>(x), true);
   const auto vdy = to_space<S>(dy);
-  nn::Dropout layer(0.3, 1234);
+  nn::Dropout<0.3> layer(1234);
   auto a = layer.forward(tape, x1);
   auto b = layer.forward(tape, x2);
   auto c = nn::dropout(tape, x3, 1.0, 99, 5);
@@ -225,7 +225,7 @@ TEST_CASE("row-wise nn on CudaExecutor: Dropout draws the CPU's mask for the sam
 }
 
 TEST_CASE("row-wise nn on CudaExecutor: a Sequential with Dropout and LayerNorm matches the CPU") {
-  using Net = nn::Sequential<nn::Linear<12, 16>, nn::GELU, nn::Dropout, nn::LayerNorm<16>, nn::Linear<16, 4>>;
+  using Net = nn::Sequential<nn::Linear<12, 16>, nn::GELU, nn::Dropout<>, nn::LayerNorm<16>, nn::Linear<16, 4>>;
   static_assert(std::is_same_v<Net::space, host>);
   static_assert(std::is_same_v<Net::on<Device>::space, Device>);
   std::mt19937 rng(11);

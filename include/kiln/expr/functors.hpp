@@ -6,6 +6,9 @@
 // 0, abs at 0, max on ties) kiln picks the same one.
 #pragma once
 
+#include <concepts>
+#include <type_traits>
+
 #include "kiln/config.hpp"
 #include "kiln/expr/math.hpp"
 
@@ -241,5 +244,18 @@ struct MulAdd {
   template <class T> KILN_HOST_DEVICE T d1(T a, T, T) const { return a; }
   template <class T> KILN_HOST_DEVICE T d2(T, T, T) const { return T(1); }
 };
+
+// What an activation (a layer of kiln::nn::Activation<F>, or a Linear's fused epilogue) needs of
+// its functor: a name for launch reports, the value and its derivative for float and double,
+// callable on host and device (KILN_HOST_DEVICE), and no state a kernel could not copy.
+template <class F>
+concept unary_functor = std::is_default_constructible_v<F> && std::is_trivially_copyable_v<F> &&
+                        requires(const F f, float x, double y) {
+                          { F::name } -> std::convertible_to<const char*>;
+                          { f(x) } -> std::convertible_to<float>;
+                          { f.d(x) } -> std::convertible_to<float>;
+                          { f(y) } -> std::convertible_to<double>;
+                          { f.d(y) } -> std::convertible_to<double>;
+                        };
 
 }  // namespace kiln::fn

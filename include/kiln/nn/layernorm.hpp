@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -218,6 +219,7 @@ class LayerNorm {
   const ag::Var<T, Space, N>& weight() const { return weight_; }
   const ag::Var<T, Space, N>& bias() const { return bias_; }
   double eps() const { return eps_; }
+  static std::string describe() { return "LayerNorm<" + std::to_string(N) + ">"; }
 
  private:
   static Tensor<T, Space, N> filled(T v) {

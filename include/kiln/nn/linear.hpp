@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kiln/autograd/linear.hpp"
 #include "kiln/autograd/map.hpp"
@@ -53,12 +54,20 @@ class Linear {
   template <class Act, class Exec, index_t B, index_t I>
   auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
     if constexpr (requires { typename Act::functor; }) {
+      static_assert(fn::unary_functor<typename Act::functor>,
+                    "kiln::nn::Linear::forward_fused<Act>: Act::functor must be a kiln::fn::unary_functor (a name, "
+                    "operator() and its derivative d(); see kiln/nn/activation.hpp)");
       return run<typename Act::functor>(tape, x);
     } else {
       const auto z = product(tape, x);
       if constexpr (Bias) return ag::map(tape, Act::apply(z + bias_));
       else return ag::map(tape, Act::apply(z));
     }
+  }
+
+  // "Linear<400, 256>" (", no bias" when it has none), for Sequential::describe().
+  static std::string describe() {
+    return "Linear<" + std::to_string(In) + ", " + std::to_string(Out) + (Bias ? ">" : ", no bias>");
   }
 
   template <class F>

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -183,6 +184,16 @@ ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& log
                             const Tensor<std::int32_t, LS, LD...>& labels, CrossEntropyOptions options = {}) {
   static_assert(std::is_same_v<LS, S>, "kiln::nn::cross_entropy: the labels must be in the logits' memory space");
   KILN_CHECK(labels.size() == logits.dim(0), ShapeError, "cross_entropy: ", labels.size(),
+             " labels for logits of shape ", logits.shape().str(), "; need one label per row");
+  return cross_entropy(tape, logits, labels.data(), options);
+}
+
+// Labels as a span of B integers in the executor's space — a data::Batch's `labels`, a
+// std::vector (host), or a device span on CUDA. The span's size is checked against the rows.
+template <class Exec, class T, class S, index_t B, index_t C>
+ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
+                            std::span<const std::int32_t> labels, CrossEntropyOptions options = {}) {
+  KILN_CHECK(index_t(labels.size()) == logits.dim(0), ShapeError, "cross_entropy: ", labels.size(),
              " labels for logits of shape ", logits.shape().str(), "; need one label per row");
   return cross_entropy(tape, logits, labels.data(), options);
 }

@@ -99,6 +99,23 @@ constexpr bool fuses_activation_of() {
 template <class L>
 inline constexpr bool fuses_activation_v = fuses_activation_of<L>();
 
+// Evaluation for the length of a scope: the model in eval mode and nothing recorded (NoGrad),
+// the model's previous mode restored on exit — PyTorch's model.eval() + torch.no_grad(), undone.
+//   { kiln::nn::EvalScope evaluating(model); auto logits = model.forward(tape, x); ... }
+template <class Model>
+class EvalScope {
+ public:
+  explicit EvalScope(Model& model) : model_(&model), was_training_(model.training()) { model.eval(); }
+  ~EvalScope() { model_->train(was_training_); }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  Model* model_;
+  bool was_training_;
+  ag::NoGrad no_grad_;
+};
+
 namespace detail {
 
 // f for every row (f(r, 0), r < n) or, with PerColumn, every column (f(0, c), c < n), each

@@ -15,12 +15,15 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kiln/core/random.hpp"
+#include "kiln/core/view.hpp"
+#include "kiln/expr/functors.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/optim/param.hpp"
 
@@ -39,6 +42,38 @@ struct layer_follows_outputs {
                 "layer with 256 outputs must be Linear<256, 10>)");
   static constexpr bool value = true;
 };
+
+// The activation part of the layer contract (kiln/nn/activation.hpp), checked per layer so the
+// compiler names the layer: an activation says how to apply itself, and its functor, when it
+// names one (what a preceding Linear fuses), has a value and a derivative.
+template <class Layer>
+struct activation_layer_ok {
+  // An activation without a functor must at least apply itself to an expression (a Linear then
+  // runs GEMM + one fused kernel instead of an epilogue).
+  static_assert(!is_activation_v<Layer> ||
+                    requires(View<const float, host, extents<dyn>> e) { Layer::apply(e); },
+                "kiln::nn::Sequential: an activation layer (is_activation = true) must name its function, "
+                "`using functor = F` with F a kiln::fn::unary_functor; derive from kiln::nn::Activation<F>");
+  static constexpr bool value = true;
+};
+template <class Layer>
+  requires requires { typename Layer::functor; }
+struct activation_layer_ok<Layer> {
+  static_assert(fn::unary_functor<typename Layer::functor>,
+                "kiln::nn::Sequential: this activation layer's functor is not a kiln::fn::unary_functor: it needs "
+                "`static constexpr const char* name`, `template <class T> KILN_HOST_DEVICE T operator()(T) const` "
+                "and its derivative `template <class T> KILN_HOST_DEVICE T d(T) const`, default-constructible and "
+                "trivially copyable (see activation_layer_ok<Layer> and kiln/nn/activation.hpp)");
+  static constexpr bool value = true;
+};
+
+// A layer's one-line description: its describe() when it has one, else "layer".
+template <class L>
+std::string describe_layer(const L& l) {
+  if constexpr (requires { l.describe(); }) return std::string(l.describe());
+  else if constexpr (requires { typename L::functor; }) return std::string(L::functor::name);
+  else return "layer";
+}
 
 // A value flowing through the layers; `flow | step<I>` runs layer I.
 template <class X>
@@ -123,6 +158,7 @@ class Sequential {
     return (detail::layer_follows_outputs<Layers, previous_outputs(I)>::value && ... && true);
   }
   static_assert(check_sizes(std::index_sequence_for<Layers...>{}));
+  static_assert((detail::activation_layer_ok<Layers>::value && ... && true));
 
   static constexpr bool fuses_next(std::size_t i) { return i + 1 < N && fusable_[i] && acts_[i + 1]; }
 
@@ -190,12 +226,17 @@ class Sequential {
 
   // The parameters as an optimizer table (float models). Its pointers are in `space`: for a
   // model on kiln::cuda a table of device pointers, what the CUDA optimizer step
-  // (kiln/optim/cuda_step.cuh) takes; the host optimizers need a host model.
+  // (kiln/optim/cuda_step.cuh) takes; the host optimizers need a host model. Each slot points at
+  // its variable's grad_valid flag (host memory in every space), so a parameter the last backward
+  // did not reach is skipped by the optimizers and clipping, and an optimizer's zero_grad sets
+  // it to none. Tables of several models concatenate: a.param_table() + b.param_table().
+  // requires: the model outlives the table and every optimizer built from it, and its parameters
+  //   keep their shapes (the table holds pointers to their values, gradients and flags).
   optim::ParamTable param_table() const
     requires std::is_same_v<typename Sequential::value_type, float>
   {
     optim::ParamTable t;
-    for (const auto& p : parameters()) t.add(p.value, p.grad, p.size);
+    for (const auto& p : parameters()) t.add(p.value, p.grad, p.size, &p.node->grad_valid);
     return t;
   }
 
@@ -210,13 +251,30 @@ class Sequential {
     for_each_parameter([](const auto& v) { v.data()->grad_valid = false; });
   }
 
-  // Training mode (dropout active) or evaluation mode, for every layer that has one.
+  // Training mode (dropout active; batch statistics) or evaluation mode (dropout the identity;
+  // running statistics), for every layer that has one, nested models included — as PyTorch's
+  // Module.train() / eval(). A new model is in training mode. See also nn::EvalScope.
   void train(bool on = true) {
     std::apply([&](auto&... l) { (set_mode(l, on), ...); }, layers_);
     training_ = on;
   }
   void eval() { train(false); }
   bool training() const { return training_; }
+
+  // One line for logs and reports: the mode, the layers as they run (a Linear and the activation
+  // it fuses joined by '+'), and the parameter count, e.g.
+  // "Sequential [train] Linear<400, 256>+relu -> Linear<256, 10> (102,986 parameters)".
+  std::string describe() const {
+    std::string out = training_ ? "Sequential [train]" : "Sequential [eval]";
+    describe_layers(out, std::index_sequence_for<Layers...>{});
+    const std::string count = std::to_string(parameter_count());
+    std::string grouped;
+    for (std::size_t i = 0; i < count.size(); ++i) {
+      if (i > 0 && (count.size() - i) % 3 == 0) grouped += ',';
+      grouped += count[i];
+    }
+    return out + " (" + grouped + " parameters)";
+  }
 
   // Runs layer I on x (used by the forward fold).
   template <std::size_t I, class Exec, class X>
@@ -238,6 +296,17 @@ class Sequential {
   auto forward_impl(ag::Tape<Exec>& tape, const X& x, std::index_sequence<I...>) {
     using Tape = ag::Tape<Exec>;
     return (detail::Flow<X>{x} | ... | detail::Step<I, Sequential, Tape>{this, &tape}).x;
+  }
+
+  template <std::size_t... I>
+  void describe_layers(std::string& out, std::index_sequence<I...>) const {
+    auto one = [&](auto index) {
+      constexpr std::size_t i = decltype(index)::value;
+      if constexpr (i > 0 && fuses_next(i - 1)) out += "+";
+      else out += i == 0 ? " " : " -> ";
+      out += detail::describe_layer(std::get<i>(layers_));
+    };
+    (one(std::integral_constant<std::size_t, I>{}), ...);
   }
 
   template <class L, class F>

@@ -9,6 +9,9 @@
 //   p -= lr / (1 - beta1^t) * m / (sqrt(v_hat) / sqrt(1 - beta2^t) + eps)
 // The step-dependent scalars are computed once per step in double (as Python does) and handed to
 // the per-element functions in an AdamParams; one step() is one fused loop over every parameter.
+// As in PyTorch, t is per parameter (state[p]["step"]): it advances only on steps where that
+// parameter has a gradient, and a parameter without one (ParamSlot::has_grad false) is skipped —
+// value, moments and weight decay untouched.
 //
 //   kiln::optim::AdamW opt(table, {.lr = 3e-4, .weight_decay = 0.1});
 //   opt.step(exec);
@@ -134,6 +137,45 @@ KILN_HOST_DEVICE void adamw_update(float& p, float g, float& m, float& v, float&
 
 namespace detail {
 
+// Which parameters take part in a step and each one's step count t (PyTorch's state[p]["step"]),
+// shared by AdamBase and CudaAdamBase.
+class AdamSlots {
+ public:
+  explicit AdamSlots(index_t count) : active_(std::size_t(count), 0), steps_(std::size_t(count), 0) {}
+
+  // Reads every slot's gradient flag and advances the count of those that have one; returns the
+  // elements that will be updated.
+  index_t advance(const ParamTable& table) {
+    index_t n = 0;
+    for (index_t k = 0; k < table.count(); ++k) {
+      const bool on = table[k].has_gradient();
+      active_[std::size_t(k)] = on;
+      if (on) {
+        ++steps_[std::size_t(k)];
+        n += table[k].size;
+      }
+    }
+    return n;
+  }
+  // The count every non-empty slot shares when all of them take part in this step (one
+  // AdamParams then serves the whole table), or 0 when the slots differ.
+  index_t uniform_step(const ParamTable& table) const {
+    index_t t = 0;
+    for (index_t k = 0; k < table.count(); ++k) {
+      if (table[k].size == 0) continue;
+      if (!active(k) || (t != 0 && steps(k) != t)) return 0;
+      t = steps(k);
+    }
+    return t;
+  }
+  bool active(index_t k) const { return active_[std::size_t(k)] != 0; }
+  index_t steps(index_t k) const { return steps_[std::size_t(k)]; }
+
+ private:
+  std::vector<char> active_;  // char, not vector<bool>: threads read it side by side
+  std::vector<index_t> steps_;
+};
+
 // Adam (Decoupled = false) and AdamW (true): the same state and loop, a different update.
 template <bool Decoupled>
 class AdamBase {
@@ -141,7 +183,8 @@ class AdamBase {
   using Options = std::conditional_t<Decoupled, AdamWOptions, AdamOptions>;
   static constexpr const char* name = Decoupled ? "AdamW" : "Adam";
 
-  AdamBase(ParamTable table, const Options& options) : table_(std::move(table)), opt_(options) {
+  AdamBase(ParamTable table, const Options& options)
+      : table_(std::move(table)), opt_(options), slots_(table_.count()), params_(std::size_t(table_.count())) {
     check(opt_);
     const std::size_t n = std::size_t(table_.total_size());
     exp_avg_.assign(n, 0.0f);
@@ -149,16 +192,26 @@ class AdamBase {
     if (opt_.amsgrad) max_exp_avg_sq_.assign(n, 0.0f);
   }
 
-  // One update of every parameter from its current grad: one launch of kind::optimizer.
+  // One update of every parameter that has a gradient: one launch of kind::optimizer.
   void step(CpuExecutor& exec) {
     ++steps_;
-    const AdamParams h =
-        make_adam_params(opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, Decoupled, opt_.maximize, steps_);
+    const index_t work = slots_.advance(table_);
+    // Each parameter's scalars from its own t, computed once per distinct t (usually one).
+    index_t t_prev = 0;
+    AdamParams h{};
+    for (index_t k = 0; k < table_.count(); ++k) {
+      if (!slots_.active(k)) continue;
+      const index_t t = slots_.steps(k);
+      if (t != t_prev)
+        h = make_adam_params(opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, Decoupled, opt_.maximize, t);
+      params_[std::size_t(k)] = h;
+      t_prev = t;
+    }
     const index_t n = table_.total_size();
     const bool ams = opt_.amsgrad;
     // bytes: read p, g, m, v (and v_max), write p, m, v (and v_max).
-    exec.stats().count(kind::optimizer, Decoupled ? "adamw" : "adam", n,
-                       std::size_t(n) * sizeof(float) * (ams ? 9 : 7));
+    exec.stats().count(kind::optimizer, Decoupled ? "adamw" : "adam", work,
+                       std::size_t(work) * sizeof(float) * (ams ? 9 : 7));
     float* m_all = exp_avg_.data();
     float* v_all = exp_avg_sq_.data();
     float* vmax_all = max_exp_avg_sq_.data();
@@ -166,8 +219,9 @@ class AdamBase {
     // The inner loops vectorise (GCC -O3 unswitches them on the flags in h) only where sqrt
     // need not set errno: build with -fno-math-errno, or they stay scalar (~4x slower).
     exec.parallel_for(n, CpuExecutor::grain / 4, [&](index_t b, index_t e) {
-      table_.for_each_span(b, e, [&](const ParamSlot& s, index_t lb, index_t le, index_t fb) {
-        const AdamParams hl = h;  // a private copy: stores through p cannot change it, so it stays in registers
+      table_.for_each_slot_span(b, e, [&](index_t k, const ParamSlot& s, index_t lb, index_t le, index_t fb) {
+        if (!slots_.active(k)) return;
+        const AdamParams hl = params_[std::size_t(k)];  // a private copy: stores through p cannot change it
         float* KILN_RESTRICT p = s.value;
         const float* KILN_RESTRICT g = s.grad;
         float* KILN_RESTRICT m = m_all + (fb - lb);
@@ -182,8 +236,8 @@ class AdamBase {
     });
   }
 
-  // Sets every gradient to 0 (one launch).
-  void zero_grad(CpuExecutor& exec) const { optim::zero_grad(table_, exec); }
+  // optim::zero_grad over the table: set_to_none clears flagged slots and zero-fills the others.
+  void zero_grad(CpuExecutor& exec, bool set_to_none = true) const { optim::zero_grad(table_, exec, set_to_none); }
 
   double lr() const { return opt_.lr; }
   void set_lr(double lr) {
@@ -203,8 +257,10 @@ class AdamBase {
 
   const Options& options() const { return opt_; }
   const ParamTable& table() const { return table_; }
-  // Steps taken so far: t of the last step (PyTorch's state["step"]).
+  // Number of step() calls.
   index_t steps() const { return steps_; }
+  // Steps that updated parameter k, its own t (PyTorch's state[p]["step"]).
+  index_t param_steps(index_t k) const { return slots_.steps(k); }
   // State buffers, laid out by table().offset(k); max_exp_avg_sq is empty without amsgrad.
   std::span<float> exp_avg() { return exp_avg_; }
   std::span<const float> exp_avg() const { return exp_avg_; }
@@ -236,6 +292,8 @@ class AdamBase {
 
   ParamTable table_;
   Options opt_;
+  AdamSlots slots_;
+  std::vector<AdamParams> params_;  // this step's scalars per parameter (read only where active)
   std::vector<float> exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
   index_t steps_ = 0;
 };

@@ -5,6 +5,8 @@
 // same thing). It is one fused reduction: fixed blocks of the flat index space, each summed
 // pairwise in double, then merged in a fixed tree, so the result does not depend on the thread
 // count. Clipping then scales every gradient in one more pass, and only when it changes them.
+// Parameters without a gradient (ParamSlot::has_grad false) are left out of both, as
+// clip_grad_norm_ filters out .grad None: their stale buffers neither count nor get scaled.
 //
 //   const double norm = kiln::optim::clip_grad_norm(table, 1.0, exec);
 #pragma once
@@ -68,13 +70,15 @@ inline void check_norm_type(double norm_type, const char* fn) {
 
 }  // namespace detail
 
-// The norm_type-norm of all gradients in the table, as one reduction launch.
+// The norm_type-norm of all gradients in the table (of the parameters that have one), as one
+// reduction launch; 0 when none has.
 // requires: norm_type > 0; std::numeric_limits<double>::infinity() gives the max-abs norm.
 inline double grad_norm(const ParamTable& table, CpuExecutor& exec, double norm_type = 2.0) {
   detail::check_norm_type(norm_type, "grad_norm");
   const index_t n = table.total_size();
-  exec.stats().count(kind::reduce, "grad_norm", n, std::size_t(n) * sizeof(float));
-  if (n == 0) return 0.0;
+  const index_t work = size_with_gradient(table);
+  exec.stats().count(kind::reduce, "grad_norm", work, std::size_t(work) * sizeof(float));
+  if (work == 0) return 0.0;
   const bool is_max = std::isinf(norm_type);
   const index_t block = CpuExecutor::reduce_block;
   const index_t blocks = (n + block - 1) / block;
@@ -84,6 +88,7 @@ inline double grad_norm(const ParamTable& table, CpuExecutor& exec, double norm_
       double acc = 0.0;
       table.for_each_span(k * block, std::min(n, (k + 1) * block),
                           [&](const ParamSlot& s, index_t lb, index_t le, index_t) {
+                            if (!s.has_gradient()) return;
                             const float* g = s.grad + lb;
                             const index_t len = le - lb;
                             if (is_max) {
@@ -124,9 +129,11 @@ inline double clip_grad_norm(const ParamTable& table, double max_norm, CpuExecut
   if (!(coef < 1.0) && !std::isnan(coef)) return norm;
   const float c = float(coef);
   const index_t n = table.total_size();
-  exec.stats().count(kind::elementwise, "clip_grad_norm", n, std::size_t(n) * sizeof(float) * 2);
+  const index_t work = size_with_gradient(table);
+  exec.stats().count(kind::elementwise, "clip_grad_norm", work, std::size_t(work) * sizeof(float) * 2);
   exec.parallel_for(n, CpuExecutor::grain, [&](index_t b, index_t e) {
     table.for_each_span(b, e, [&](const ParamSlot& s, index_t lb, index_t le, index_t) {
+      if (!s.has_gradient()) return;
       float* KILN_RESTRICT g = s.grad;
       for (index_t i = lb; i < le; ++i) g[i] = g[i] * c;
     });

@@ -5,10 +5,14 @@
 // model has. Optimizer state (momentum, exp_avg, ...) lives in one contiguous buffer per kind,
 // where parameter k's state starts at offset(k).
 //
+// A slot may point at its variable's "holds a gradient" flag (PyTorch's `.grad is not None`):
+// optimizers, grad_norm and clipping skip a slot whose flag is false, and zero_grad clears it.
+//
 //   kiln::optim::ParamTable table;
 //   table.add(w.data(), dw.data(), w.size());
 //   table.add(b.data(), db.data(), b.size());
 //   kiln::optim::AdamW opt(table, {.lr = 1e-3});
+//   kiln::optim::AdamW both(encoder.param_table() + head.param_table(), {});  // tables concatenate
 #pragma once
 
 #include <algorithm>
@@ -29,6 +33,13 @@ struct ParamSlot {
   float* value = nullptr;
   float* grad = nullptr;
   index_t size = 0;
+  // The variable's "holds a gradient" flag (ag::VarNode::grad_valid), read on the host at each
+  // step; nullptr means the gradient buffer always counts. A slot whose flag is false is skipped:
+  // its value and optimizer state stay as they are, as PyTorch skips a parameter whose .grad is
+  // None. requires: the flag outlives every table and optimizer holding the slot.
+  bool* has_grad = nullptr;
+
+  bool has_gradient() const { return has_grad == nullptr || *has_grad; }
 };
 
 class ParamTable {
@@ -39,17 +50,37 @@ class ParamTable {
   }
 
   // Appends a parameter; returns its index in the table.
+  // throws: ValueError for a negative size, null pointers, or a value already in the table (a
+  //   parameter listed twice would be updated twice per step).
   index_t add(const ParamSlot& slot) {
     KILN_CHECK(slot.size >= 0, ValueError, "ParamTable::add: parameter ", slots_.size(), " has size ", slot.size,
                "; sizes must be >= 0");
     KILN_CHECK(slot.size == 0 || (slot.value != nullptr && slot.grad != nullptr), ValueError,
                "ParamTable::add: parameter ", slots_.size(), " of size ", slot.size,
                " needs non-null value and grad pointers");
+    if (slot.size > 0)
+      for (std::size_t k = 0; k < slots_.size(); ++k)
+        KILN_CHECK(slots_[k].value != slot.value, ValueError, "ParamTable::add: parameter ", slots_.size(),
+                   " has the value pointer of parameter ", k, "; a parameter may appear in a table only once");
     slots_.push_back(slot);
     offsets_.push_back(offsets_.back() + slot.size);
     return index_t(slots_.size()) - 1;
   }
-  index_t add(float* value, float* grad, index_t size) { return add(ParamSlot{value, grad, size}); }
+  index_t add(float* value, float* grad, index_t size, bool* has_grad = nullptr) {
+    return add(ParamSlot{value, grad, size, has_grad});
+  }
+
+  // Appends every parameter of `other`, in order (their offsets follow this table's).
+  ParamTable& append(const ParamTable& other) {
+    for (const ParamSlot& s : other.slots_) add(s);
+    return *this;
+  }
+  // The parameters of a, then those of b: a model of several modules as one table.
+  friend ParamTable operator+(ParamTable a, const ParamTable& b) {
+    a.append(b);
+    return a;
+  }
+  ParamTable& operator+=(const ParamTable& other) { return append(other); }
 
   // Number of parameters (tensors) in the table.
   index_t count() const { return index_t(slots_.size()); }
@@ -69,13 +100,19 @@ class ParamTable {
   // requires: 0 <= b <= e <= total_size().
   template <class F>
   void for_each_span(index_t b, index_t e, F&& f) const {
+    for_each_slot_span(b, e, [&](index_t, const ParamSlot& s, index_t lb, index_t le, index_t fb) { f(s, lb, le, fb); });
+  }
+
+  // The same, with the parameter's index first: f(k, slot, local_begin, local_end, flat_begin).
+  template <class F>
+  void for_each_slot_span(index_t b, index_t e, F&& f) const {
     if (b >= e) return;
     // The last slot starting at or before b; empty slots share their successor's offset, and
     // upper_bound steps past them.
     std::size_t k = std::size_t(std::upper_bound(offsets_.begin(), offsets_.end(), b) - offsets_.begin()) - 1;
     while (b < e) {
       const index_t off = offsets_[k], stop = std::min(e, offsets_[k + 1]);
-      if (stop > b) f(slots_[k], b - off, stop - off, b);
+      if (stop > b) f(index_t(k), slots_[k], b - off, stop - off, b);
       b = std::max(b, stop);
       ++k;
     }
@@ -86,15 +123,37 @@ class ParamTable {
   std::vector<index_t> offsets_{0};  // count() + 1 entries: offsets_[k] .. offsets_[k + 1] is slot k
 };
 
-// Sets every gradient in the table to 0 as one launch (counted as an elementwise fill).
-inline void zero_grad(const ParamTable& table, CpuExecutor& exec) {
-  const index_t n = table.total_size();
-  exec.stats().count(kind::elementwise, "zero_grad", n, std::size_t(n) * sizeof(float));
-  exec.parallel_for(n, CpuExecutor::grain, [&](index_t b, index_t e) {
-    table.for_each_span(b, e, [](const ParamSlot& s, index_t lb, index_t le, index_t) {
-      std::fill(s.grad + lb, s.grad + le, 0.0f);
+// Elements in the slots that hold a gradient now (the work of a step).
+inline index_t size_with_gradient(const ParamTable& table) {
+  index_t n = 0;
+  for (const ParamSlot& s : table)
+    if (s.has_gradient()) n += s.size;
+  return n;
+}
+
+// PyTorch 2's Optimizer.zero_grad(set_to_none). With set_to_none (the default) a slot with a flag
+// is set to "no gradient" (no kernel: the next backward writes it) and slots without one are
+// zero-filled; without set_to_none every gradient is zero-filled and flagged slots hold a
+// gradient (zeros: an AdamW step still decays them). The fill is one launch of kind::elementwise
+// "zero_grad", none when no slot needs it.
+inline void zero_grad(const ParamTable& table, CpuExecutor& exec, bool set_to_none = true) {
+  index_t n = 0;
+  bool any = false;
+  for (const ParamSlot& s : table) {
+    const bool fill = !set_to_none || s.has_grad == nullptr;
+    if (fill) n += s.size;
+    any = any || fill;
+  }
+  if (any) {
+    exec.stats().count(kind::elementwise, "zero_grad", n, std::size_t(n) * sizeof(float));
+    exec.parallel_for(table.total_size(), CpuExecutor::grain, [&](index_t b, index_t e) {
+      table.for_each_span(b, e, [&](const ParamSlot& s, index_t lb, index_t le, index_t) {
+        if (!set_to_none || s.has_grad == nullptr) std::fill(s.grad + lb, s.grad + le, 0.0f);
+      });
     });
-  });
+  }
+  for (const ParamSlot& s : table)
+    if (s.has_grad != nullptr) *s.has_grad = !set_to_none;
 }
 
 }  // namespace kiln::optim
