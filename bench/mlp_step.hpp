@@ -1,5 +1,5 @@
 // bench/mlp_step.hpp — what bench/train_step (CPU) and bench/train_step_cuda share: the model
-// (MLP 400-256-128-10, ReLU), the median, and the PyTorch side of the comparison
+// (MLP 400-256-128-10, ReLU), the median (timing.hpp), and the PyTorch side of the comparison
 // (bench/torch_train_step.py, run through popen; its JSON lines are read back as
 // batch -> torch_ms). Plain host C++: nvcc compiles it too.
 #pragma once
@@ -16,6 +16,7 @@
 #include "kiln/nn/activation.hpp"
 #include "kiln/nn/linear.hpp"
 #include "kiln/nn/sequential.hpp"
+#include "timing.hpp"
 
 #ifndef KILN_SOURCE_DIR  // bench/CMakeLists.txt defines it; by hand, run from the repository root
 #define KILN_SOURCE_DIR "."
@@ -25,11 +26,6 @@ namespace kiln_bench {
 
 using Mlp = kiln::nn::Sequential<kiln::nn::Linear<400, 256>, kiln::nn::ReLU, kiln::nn::Linear<256, 128>,
                                  kiln::nn::ReLU, kiln::nn::Linear<128, 10>>;
-
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Runs `python bench/torch_train_step.py <args>` and returns batch -> torch_ms from its JSON
 // lines; empty when the script cannot run or skips (torch, or torch's CUDA, not importable).

@@ -33,7 +33,7 @@ KilnStep kiln_step(kiln::index_t batch, int threads, int steps) {
   kiln::CpuExecutor exec(threads);
   kiln::ag::Tape<kiln::CpuExecutor> tape(exec);
   Model model(0);
-  kiln::optim::AdamW opt(model.param_table(), {.lr = 1e-3});
+  kiln::optim::AdamW opt(model, {.lr = 1e-3});
   kiln::Generator gen(1);
   kiln::ag::Var<float, kiln::host, kiln::dyn, 400> x(kiln::Tensor<float, kiln::host, kiln::dyn, 400>(batch, 400));
   for (kiln::index_t i = 0; i < x.value().size(); ++i) x.value().data()[i] = gen.uniform();

@@ -1,7 +1,7 @@
 // bench/train_step_cuda.cu — bench/train_step on the CUDA backend: one training step (forward,
 // cross-entropy, backward, AdamW) of the MLP 400-256-128-10 (ReLU) at batch 64, 256 and 1024,
 // with the model as Sequential<...>::on<kiln::cuda>, kiln::CudaExecutor and the multi-tensor
-// kiln::optim::CudaAdamW; side by side with PyTorch eager on the same device
+// kiln::optim::AdamW<kiln::cuda> (deduced from the model); side by side with PyTorch eager on the same device
 // (bench/torch_train_step.py --device cuda) when torch with CUDA imports.
 //
 // Timing: after --warmup steps, --reps blocks of --steps steps, each block timed by CUDA events
@@ -46,7 +46,7 @@ KilnStep kiln_step(kiln::index_t batch, int warmup, int steps, int reps) {
   kiln::CudaExecutor exec;
   kiln::ag::Tape<kiln::CudaExecutor> tape(exec);
   Model model(0);
-  kiln::optim::CudaAdamW opt(model.param_table(), {.lr = 1e-3});
+  kiln::optim::AdamW opt(model, {.lr = 1e-3});  // AdamW<kiln::cuda>: the model's space
   kiln::Generator gen(1);
   kiln::Tensor<float, kiln::host, kiln::dyn, 400> hx(batch, 400);
   for (kiln::index_t i = 0; i < hx.size(); ++i) hx.data()[i] = gen.uniform();

@@ -5,6 +5,8 @@
 #include <kiln/backend/cpu/executor.hpp>
 #include <kiln/core/error.hpp>
 #include <kiln/core/stats.hpp>
+#include <kiln/nn/linear.hpp>
+#include <kiln/nn/sequential.hpp>
 #include <kiln/optim/adam.hpp>
 #include <kiln/optim/batch_scaling.hpp>
 #include <kiln/optim/clip.hpp>
@@ -21,6 +23,7 @@
 #include <numbers>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fixture.hpp"
@@ -94,9 +97,9 @@ struct RefAdam {
 
 // ---- PyTorch fixture ---------------------------------------------------------------------------
 
-TEST_CASE("optim: Sgd (momentum 0.9, nesterov, weight_decay 1e-4) matches torch.optim.SGD") {
+TEST_CASE("optim: SGD (momentum 0.9, nesterov, weight_decay 1e-4) matches torch.optim.SGD") {
   check_against_fixture("sgd.p", [](ParamTable t) {
-    return kiln::optim::Sgd(std::move(t), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true});
+    return kiln::optim::SGD(std::move(t), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true});
   });
 }
 
@@ -127,12 +130,12 @@ TEST_CASE("optim: defaults are PyTorch's") {
 
 // ---- formulas on single elements -----------------------------------------------------------------
 
-TEST_CASE("optim: Sgd single-element cases worked by hand") {
+TEST_CASE("optim: SGD single-element cases worked by hand") {
   kiln::CpuExecutor exec;
   auto run = [&](kiln::optim::SgdOptions o, std::vector<float> grads) {
     Param p(1);
     p.value[0] = 1.0f;
-    kiln::optim::Sgd opt(ParamTable{p.slot()}, o);
+    kiln::optim::SGD opt(ParamTable{p.slot()}, o);
     for (float g : grads) {
       p.grad[0] = g;
       opt.step(exec);
@@ -321,9 +324,9 @@ void check_table_equals_separate(Make make) {
 }  // namespace
 
 TEST_CASE("optim: one table of many parameters equals each parameter alone, at any thread count") {
-  SUBCASE("Sgd") {
+  SUBCASE("SGD") {
     check_table_equals_separate(
-        [](ParamTable t) { return kiln::optim::Sgd(std::move(t), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3}); });
+        [](ParamTable t) { return kiln::optim::SGD(std::move(t), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3}); });
   }
   SUBCASE("Adam") {
     check_table_equals_separate([](ParamTable t) { return kiln::optim::Adam(std::move(t), {.weight_decay = 1e-3}); });
@@ -360,7 +363,7 @@ TEST_CASE("optim: each step is one optimizer launch; zero_grad is one launch and
   }
   kiln::CpuExecutor exec(4);
   kiln::optim::AdamW adamw(table, {});
-  kiln::optim::Sgd sgd(table, {.lr = 0.1, .momentum = 0.9});
+  kiln::optim::SGD sgd(table, {.lr = 0.1, .momentum = 0.9});
   adamw.step(exec);
   CHECK(exec.stats().launches() == 1);
   CHECK(exec.stats().launches(kiln::kind::optimizer) == 1);
@@ -380,7 +383,7 @@ TEST_CASE("optim: set_lr, set_momentum and set_beta1 take effect at the next ste
   Param p(1);
   p.value[0] = 1.0f;
   p.grad[0] = 1.0f;
-  kiln::optim::Sgd sgd(ParamTable{p.slot()}, {.lr = 0.1});
+  kiln::optim::SGD sgd(ParamTable{p.slot()}, {.lr = 0.1});
   sgd.set_lr(0.25);
   CHECK(sgd.lr() == 0.25);
   sgd.step(exec);
@@ -405,13 +408,13 @@ TEST_CASE("optim: bad arguments throw ValueError naming the argument") {
   using kiln::ValueError;
   using kiln::optim::Adam;
   using kiln::optim::AdamW;
-  using kiln::optim::Sgd;
-  CHECK_THROWS_WITH_AS(Sgd(t, {.lr = -0.1}), doctest::Contains("lr must"), ValueError);
-  CHECK_THROWS_WITH_AS(Sgd(t, {.lr = std::nan("")}), doctest::Contains("lr must"), ValueError);
-  CHECK_THROWS_WITH_AS(Sgd(t, {.lr = 0.1, .momentum = -1}), doctest::Contains("momentum must"), ValueError);
-  CHECK_THROWS_WITH_AS(Sgd(t, {.lr = 0.1, .weight_decay = -1}), doctest::Contains("weight_decay must"), ValueError);
-  CHECK_THROWS_WITH_AS(Sgd(t, {.lr = 0.1, .nesterov = true}), doctest::Contains("nesterov"), ValueError);
-  CHECK_THROWS_WITH_AS(Sgd(t, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true}),
+  using kiln::optim::SGD;
+  CHECK_THROWS_WITH_AS(SGD(t, {.lr = -0.1}), doctest::Contains("lr must"), ValueError);
+  CHECK_THROWS_WITH_AS(SGD(t, {.lr = std::nan("")}), doctest::Contains("lr must"), ValueError);
+  CHECK_THROWS_WITH_AS(SGD(t, {.lr = 0.1, .momentum = -1}), doctest::Contains("momentum must"), ValueError);
+  CHECK_THROWS_WITH_AS(SGD(t, {.lr = 0.1, .weight_decay = -1}), doctest::Contains("weight_decay must"), ValueError);
+  CHECK_THROWS_WITH_AS(SGD(t, {.lr = 0.1, .nesterov = true}), doctest::Contains("nesterov"), ValueError);
+  CHECK_THROWS_WITH_AS(SGD(t, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true}),
                        doctest::Contains("nesterov"), ValueError);
   CHECK_THROWS_WITH_AS(Adam(t, {.lr = -1e-3}), doctest::Contains("Adam: lr must"), ValueError);
   CHECK_THROWS_WITH_AS(Adam(t, {.beta1 = 1.0}), doctest::Contains("beta1 must"), ValueError);
@@ -422,7 +425,7 @@ TEST_CASE("optim: bad arguments throw ValueError naming the argument") {
   CHECK_THROWS_WITH_AS(AdamW(t, {.weight_decay = -0.01}), doctest::Contains("weight_decay must"), ValueError);
 
   // Setters check too, and leave the optimizer unchanged when they throw.
-  Sgd sgd(t, {.lr = 0.1, .momentum = 0.9, .nesterov = true});
+  SGD sgd(t, {.lr = 0.1, .momentum = 0.9, .nesterov = true});
   CHECK_THROWS_WITH_AS(sgd.set_lr(-1), doctest::Contains("lr must"), ValueError);
   CHECK_THROWS_WITH_AS(sgd.set_momentum(0.0), doctest::Contains("nesterov"), ValueError);
   CHECK(sgd.lr() == 0.1);
@@ -431,6 +434,73 @@ TEST_CASE("optim: bad arguments throw ValueError naming the argument") {
   CHECK_THROWS_WITH_AS(adamw.set_beta1(1.0), doctest::Contains("beta1 must"), ValueError);
   CHECK(adamw.beta1() == 0.9);
 }
+
+// ---- one API in every memory space ------------------------------------------------------------
+
+namespace {
+// Anything with param_table() and a memory space is a model to an optimizer.
+struct TableModel {
+  using space = kiln::host;
+  Param* p;
+  ParamTable param_table() const { return ParamTable{p->slot()}; }
+};
+}  // namespace
+
+TEST_CASE("optim: SGD, Adam and AdamW deduce their memory space from a table or a model") {
+  using kiln::host;
+  using namespace kiln::optim;
+  Param p(3);
+  std::fill(p.value.begin(), p.value.end(), 1.0f);
+  const ParamTable t{p.slot()};
+  // From a table: host optimizers.
+  SGD sgd(t, {.lr = 0.1});
+  Adam adam(t, {});
+  AdamW adamw(t, {.lr = 1e-2});
+  static_assert(std::is_same_v<decltype(sgd), SGD<host>>);
+  static_assert(std::is_same_v<decltype(adam), Adam<host>>);
+  static_assert(std::is_same_v<decltype(adamw), AdamW<host>>);
+  static_assert(std::is_same_v<SGD<>, SGD<host>> && std::is_same_v<AdamW<>, AdamW<host>>);
+  static_assert(std::is_same_v<Sgd, SGD<host>>);  // the old spelling
+  static_assert(std::is_same_v<decltype(adamw)::Options, AdamWOptions> && std::is_same_v<SGD<>::Options, SgdOptions>);
+  static_assert(std::is_same_v<decltype(adamw)::space, host>);
+
+  // From a model: its space and its param_table().
+  using Net = kiln::nn::Sequential<kiln::nn::Linear<4, 3>, kiln::nn::Linear<3, 2>>;
+  static_assert(param_model<Net> && !param_model<ParamTable>);
+  Net net(1);
+  AdamW from_net(net, {.lr = 1e-2, .weight_decay = 0.5});
+  SGD sgd_net(net, {.lr = 0.1, .momentum = 0.9});
+  static_assert(std::is_same_v<decltype(from_net), AdamW<host>>);
+  static_assert(std::is_same_v<decltype(sgd_net), SGD<host>>);
+  CHECK(from_net.table().count() == 4);
+  CHECK(from_net.table().total_size() == net.param_table().total_size());
+  CHECK(from_net.table()[0].value == net.param_table()[0].value);
+  kiln::CpuExecutor exec;
+  const float w0 = net.param_table()[0].value[0];
+  from_net.zero_grad(exec, /*set_to_none=*/false);  // zeros that count: AdamW decays every parameter
+  from_net.step(exec);
+  CHECK(net.param_table()[0].value[0] == w0 * float(1.0 - 1e-2 * 0.5));
+  CHECK(from_net.param_steps(3) == 1);
+
+  TableModel m{&p};
+  Adam adam_m(m, {.lr = 0.5});
+  static_assert(std::is_same_v<decltype(adam_m), Adam<host>>);
+  p.grad = {1.0f, -1.0f, 0.0f};
+  adam_m.step(exec);
+  CHECK(p.value[0] == doctest::Approx(0.5));  // Adam's first step moves by lr * sign(g)
+  CHECK(p.value[1] == doctest::Approx(1.5));
+  CHECK(p.value[2] == 1.0f);
+}
+
+// The launches of one step are known at compile time, for constexpr options.
+static_assert(kiln::optim::AdamW<>::launches(false, {.lr = 1e-3}, 6) == 1);
+static_assert(kiln::optim::AdamW<>::launches(true, {.lr = 1e-3}, 6) == 14 * 6);  // decay, m 3, v 4, p 6
+static_assert(kiln::optim::AdamW<>::launches(true, {.weight_decay = 0.0, .amsgrad = true}, 2) == 14 * 2);
+static_assert(kiln::optim::Adam<>::launches(true, {.weight_decay = 0.1, .maximize = true}, 1) == 3 + 13);
+static_assert(kiln::optim::SGD<>::launches(true, {.lr = 0.1}, 5) == 2 * 5);
+static_assert(kiln::optim::SGD<>::launches(true, {.lr = 0.1, .momentum = 0.9, .nesterov = true}, 2) == 6 * 2);
+static_assert(kiln::optim::SGD<>::launches(true, {.momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-4}, 1) == 7);
+static_assert(kiln::optim::SGD<>::launches(false, {.momentum = 0.9}, 100) == 1);
 
 // ---- gradient clipping -----------------------------------------------------------------------------
 
@@ -606,7 +676,7 @@ TEST_CASE("schedule: StepLr, ConstantLr and WarmupCosineLr by hand") {
 
 TEST_CASE("schedule: driving an optimizer from a schedule") {
   Param p(1);
-  kiln::optim::Sgd opt(ParamTable{p.slot()}, {.lr = 0.1, .momentum = 0.9});
+  kiln::optim::SGD opt(ParamTable{p.slot()}, {.lr = 0.1, .momentum = 0.9});
   const kiln::optim::OneCycleLr s(0.1, 20);
   kiln::CpuExecutor exec;
   for (index_t k = 0; k < 20; ++k) {

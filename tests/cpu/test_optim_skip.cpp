@@ -59,7 +59,7 @@ struct Params {
 };
 
 // Every state buffer an optimizer keeps (copied), in a fixed order.
-std::vector<std::vector<float>> state_of(const kiln::optim::Sgd& o) {
+std::vector<std::vector<float>> state_of(const kiln::optim::SGD<>& o) {
   return {std::vector<float>(o.momentum_buffer().begin(), o.momentum_buffer().end())};
 }
 template <class Adam>
@@ -81,10 +81,16 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // The configurations the issue names, as one type so the tests can loop over them.
 struct Config {
   std::string name;
-  std::function<void(kiln::CpuExecutor&)> step;            // set by make()
+  // One step in either stance, with a guard (set by make()).
+  std::function<void(kiln::CpuExecutor&, kiln::optim::StepGuard, bool eager)> run;
   std::function<std::vector<std::vector<float>>()> state;  // every state buffer
   std::function<index_t(index_t)> param_steps;             // Adam's per-parameter t (0 for SGD)
+  std::function<bool(index_t)> started;                    // SGD's buffer starts (false for Adam)
+  std::function<index_t(bool, index_t)> launches;          // Opt::launches(eager, options, tensors)
   std::shared_ptr<void> holder;
+  void step(kiln::CpuExecutor& exec, kiln::optim::StepGuard guard = {}, bool eager = false) const {
+    run(exec, guard, eager);
+  }
 };
 
 template <class Opt, class Options>
@@ -92,35 +98,58 @@ Config make_config(const std::string& name, ParamTable table, const Options& o) 
   auto opt = std::make_shared<Opt>(std::move(table), o);
   Config c;
   c.name = name;
-  c.step = [opt](kiln::CpuExecutor& exec) { opt->step(exec); };
+  c.run = [opt](kiln::CpuExecutor& exec, kiln::optim::StepGuard guard, bool eager) {
+    if (eager) opt->template step<kiln::stance::force_eager>(exec, guard);
+    else opt->step(exec, guard);
+  };
   c.state = [opt] { return state_of(*opt); };
   if constexpr (requires { opt->param_steps(0); }) c.param_steps = [opt](index_t k) { return opt->param_steps(k); };
   else c.param_steps = [](index_t) { return index_t(0); };
+  if constexpr (requires { opt->has_momentum_buffer(0); })
+    c.started = [opt](index_t k) { return opt->has_momentum_buffer(k); };
+  else c.started = [](index_t) { return false; };
+  c.launches = [o](bool eager, index_t tensors) { return Opt::launches(eager, o, tensors); };
   c.holder = opt;
   return c;
 }
 
 const char* const kConfigNames[] = {"sgd",  "sgd_momentum",  "sgd_nesterov_wd", "sgd_maximize_dampened",
                                     "adam", "adam_amsgrad",  "adamw",           "adamw_amsgrad"};
+// More option sets for the guard, stance and launch-count tests (no fixture or reference of their own).
+const char* const kExtraConfigNames[] = {"sgd_maximize", "adam_maximize_l2_amsgrad", "adamw_maximize_no_decay",
+                                         "adamw_defaults"};
 
 Config make_named(const std::string& name, ParamTable t) {
   using namespace kiln::optim;
-  if (name == "sgd") return make_config<Sgd>(name, std::move(t), SgdOptions{.lr = 0.1});
+  if (name == "sgd") return make_config<SGD<>>(name, std::move(t), SgdOptions{.lr = 0.1});
   if (name == "sgd_momentum")
-    return make_config<Sgd>(name, std::move(t), SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1});
+    return make_config<SGD<>>(name, std::move(t), SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1});
   if (name == "sgd_nesterov_wd")
-    return make_config<Sgd>(name, std::move(t),
-                            SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
+    return make_config<SGD<>>(name, std::move(t),
+                              SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
   if (name == "sgd_maximize_dampened")
-    return make_config<Sgd>(name, std::move(t),
-                            SgdOptions{.lr = 0.05, .momentum = 0.5, .dampening = 0.3, .weight_decay = 0.1, .maximize = true});
-  if (name == "adam") return make_config<Adam>(name, std::move(t), AdamOptions{.lr = 1e-2, .weight_decay = 0.1});
-  if (name == "adam_amsgrad") return make_config<Adam>(name, std::move(t), AdamOptions{.lr = 1e-2, .amsgrad = true});
-  if (name == "adamw") return make_config<AdamW>(name, std::move(t), AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+    return make_config<SGD<>>(
+        name, std::move(t), SgdOptions{.lr = 0.05, .momentum = 0.5, .dampening = 0.3, .weight_decay = 0.1, .maximize = true});
+  if (name == "sgd_maximize") return make_config<SGD<>>(name, std::move(t), SgdOptions{.lr = 0.05, .maximize = true});
+  if (name == "adam") return make_config<Adam<>>(name, std::move(t), AdamOptions{.lr = 1e-2, .weight_decay = 0.1});
+  if (name == "adam_amsgrad") return make_config<Adam<>>(name, std::move(t), AdamOptions{.lr = 1e-2, .amsgrad = true});
+  if (name == "adam_maximize_l2_amsgrad")
+    return make_config<Adam<>>(name, std::move(t),
+                               AdamOptions{.lr = 1e-2, .weight_decay = 0.05, .amsgrad = true, .maximize = true});
+  if (name == "adamw") return make_config<AdamW<>>(name, std::move(t), AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
   if (name == "adamw_amsgrad")
-    return make_config<AdamW>(name, std::move(t), AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true});
+    return make_config<AdamW<>>(name, std::move(t), AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true});
+  if (name == "adamw_maximize_no_decay")
+    return make_config<AdamW<>>(name, std::move(t), AdamWOptions{.lr = 1e-2, .weight_decay = 0.0, .maximize = true});
+  if (name == "adamw_defaults") return make_config<AdamW<>>(name, std::move(t), AdamWOptions{});
   FAIL("unknown optimizer configuration ", name);
   return {};
+}
+
+std::vector<std::string> all_config_names() {
+  std::vector<std::string> out(std::begin(kConfigNames), std::end(kConfigNames));
+  out.insert(out.end(), std::begin(kExtraConfigNames), std::end(kExtraConfigNames));
+  return out;
 }
 
 // Per-parameter double-precision reference of torch.optim's single-tensor SGD / Adam / AdamW:
@@ -299,9 +328,9 @@ TEST_CASE("optim skip: random gradient patterns follow the per-parameter double 
   }
 }
 
-TEST_CASE("optim skip: Sgd starts each momentum buffer on its parameter's first gradient") {
+TEST_CASE("optim skip: SGD starts each momentum buffer on its parameter's first gradient") {
   Params ps({2, 3});
-  kiln::optim::Sgd opt(ps.table, {.lr = 0.1, .momentum = 0.9});
+  kiln::optim::SGD opt(ps.table, {.lr = 0.1, .momentum = 0.9});
   kiln::CpuExecutor exec;
   ps.flag[1] = false;
   ps.grad[0] = {1.0f, 2.0f};
@@ -397,12 +426,12 @@ TEST_CASE("optim skip: two heads in one table — the head the loss did not use 
     CHECK(same_bits(flat_values(b), flat_values(rb)));
     CHECK(opt.steps() == 3);
   }
-  SUBCASE("Sgd with momentum") {
+  SUBCASE("SGD with momentum") {
     Head a(1), b(2);
-    kiln::optim::Sgd opt(a.param_table() + b.param_table(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+    kiln::optim::SGD opt(a.param_table() + b.param_table(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
     Head ra(1), rb(2);
-    kiln::optim::Sgd ref_a(ra.param_table(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
-    kiln::optim::Sgd ref_b(rb.param_table(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+    kiln::optim::SGD ref_a(ra.param_table(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+    kiln::optim::SGD ref_b(rb.param_table(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
     backward(a, b, true, exec, x, y);
     opt.step(exec);
     backward(ra, rb, true, exec, x, y);
@@ -557,4 +586,171 @@ TEST_CASE("optim: ParamTables concatenate with offsets recomputed and flags kept
   joint.step(exec);
   alone.step(exec);
   CHECK(p.value == q.value);
+}
+
+// ---- step guard, force_eager and launch counts (issue 7) ----------------------------------------------------
+
+namespace {
+
+// Every piece of an optimizer's state, and the values, of two runs compared bit for bit.
+void check_same_run(const Params& a, const Config& ca, const Params& b, const Config& cb) {
+  for (std::size_t k = 0; k < a.count(); ++k) {
+    CAPTURE(k);
+    CHECK(same_bits(a.value[k], b.value[k]));
+    CHECK(ca.param_steps(index_t(k)) == cb.param_steps(index_t(k)));
+    CHECK(ca.started(index_t(k)) == cb.started(index_t(k)));
+  }
+  const auto sa = ca.state(), sb = cb.state();
+  REQUIRE(sa.size() == sb.size());
+  for (std::size_t i = 0; i < sa.size(); ++i) CHECK(same_bits(sa[i], sb[i]));
+}
+
+// Elements where |a - b| > rel * max(|b|) over the whole buffer (a normwise comparison: terms that
+// nearly cancel leave small results with large relative error), NaN matching NaN.
+index_t count_far(const std::vector<float>& a, const std::vector<float>& b, double rel) {
+  REQUIRE(a.size() == b.size());
+  double scale = 0.0;
+  for (float x : b) scale = std::max(scale, std::fabs(double(x)));
+  index_t bad = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (!(std::fabs(double(a[i]) - double(b[i])) <= rel * scale)) {
+      if (bad == 0) MESSAGE("element ", i, ": ", a[i], " vs ", b[i], " (largest |b| ", scale, ")");
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("optim guard: a step whose found_inf is set changes nothing, and the run goes on as if it never ran") {
+  // Sizes large enough that the executor splits the flat range inside a parameter. Parameter 3
+  // first has a gradient on the skipped step: its buffer / count must not start there.
+  const std::vector<index_t> sizes = {5, 70001, 0, 3, 40000, 2};
+  for (const std::string& cfg : all_config_names())
+    for (const bool eager : {false, true}) {
+      CAPTURE(cfg);
+      CAPTURE(eager);
+      Params a(sizes, 3), b(sizes, 3);  // a sees the skipped steps, b never does
+      const Config ca = make_named(cfg, a.table), cb = make_named(cfg, b.table);
+      kiln::CpuExecutor exec(4);
+      std::mt19937 rng(21);
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      float found_inf = 0.0f;
+      const kiln::optim::StepGuard guard{&found_inf};
+      auto new_grads = [&](int s) {
+        for (std::size_t k = 0; k < a.count(); ++k) {
+          a.flag[k] = b.flag[k] = !(k == 3 && s < 2) && !(k == 5 && s == 1);
+          for (std::size_t i = 0; i < a.grad[k].size(); ++i) a.grad[k][i] = b.grad[k][i] = u(rng);
+        }
+      };
+      for (int s = 0; s < 2; ++s) {
+        new_grads(s);
+        ca.step(exec, guard, eager);  // the flag reads 0: a normal step
+        cb.step(exec, {}, eager);
+      }
+      check_same_run(a, ca, b, cb);
+      for (const float flag : {1.0f, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+        CAPTURE(flag);
+        new_grads(2);
+        const auto value_before = a.value;
+        const auto state_before = ca.state();
+        std::vector<index_t> t_before;
+        std::vector<bool> started_before;
+        for (std::size_t k = 0; k < a.count(); ++k) {
+          t_before.push_back(ca.param_steps(index_t(k)));
+          started_before.push_back(ca.started(index_t(k)));
+        }
+        found_inf = flag;
+        exec.stats().reset();
+        ca.step(exec, guard, eager);
+        found_inf = 0.0f;
+        // The fused step's launch is counted (on a device it runs and decides there); an eager
+        // step reads the flag first and launches nothing.
+        CHECK(exec.stats().launches() == (eager ? 0u : 1u));
+        for (std::size_t k = 0; k < a.count(); ++k) {
+          CAPTURE(k);
+          CHECK(same_bits(a.value[k], value_before[k]));
+          CHECK(ca.param_steps(index_t(k)) == t_before[k]);
+          CHECK(ca.started(index_t(k)) == started_before[k]);
+        }
+        const auto state_after = ca.state();
+        for (std::size_t i = 0; i < state_after.size(); ++i) CHECK(same_bits(state_after[i], state_before[i]));
+      }
+      check_same_run(a, ca, b, cb);
+      for (int s = 3; s < 6; ++s) {
+        new_grads(s);
+        ca.step(exec, guard, eager);
+        cb.step(exec, {}, eager);
+        check_same_run(a, ca, b, cb);
+      }
+      if (cfg.rfind("adam", 0) == 0) CHECK(ca.param_steps(3) == 3);
+      if (cfg == "sgd_momentum") CHECK(ca.started(3));
+    }
+}
+
+TEST_CASE("optim eager: force_eager steps equal the fused step to rounding, parameters without a gradient included") {
+  const std::vector<index_t> sizes = {4, 0, 9000, 1, 33, 5000};
+  for (const std::string& cfg : all_config_names()) {
+    CAPTURE(cfg);
+    Params f(sizes, 5), e(sizes, 5);
+    const Config cf = make_named(cfg, f.table), ce = make_named(cfg, e.table);
+    kiln::CpuExecutor exec(3);
+    std::mt19937 rng(17);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int s = 0; s < 10; ++s) {
+      for (std::size_t k = 0; k < f.count(); ++k) {
+        f.flag[k] = e.flag[k] = s == 0 ? (k % 2 == 0) : (rng() % 3 != 0);  // some start late
+        const float scale = s < 4 ? 1.0f : 0.05f;                           // amsgrad's max then differs from v
+        for (std::size_t i = 0; i < f.grad[k].size(); ++i) f.grad[k][i] = e.grad[k][i] = scale * u(rng);
+      }
+      cf.step(exec);
+      ce.step(exec, {}, true);
+    }
+    // The same formulas node by node: built with -ffp-contract=off the two agree to the bit; the
+    // fused loops may contract a * b + c into FMAs (-march=native), which the nodes cannot.
+    for (std::size_t k = 0; k < f.count(); ++k) {
+      CAPTURE(k);
+      CHECK(count_far(e.value[k], f.value[k], 1e-6) == 0);
+      CHECK(ce.param_steps(index_t(k)) == cf.param_steps(index_t(k)));
+      CHECK(ce.started(index_t(k)) == cf.started(index_t(k)));
+    }
+    const auto sf = cf.state(), se = ce.state();
+    for (std::size_t i = 0; i < sf.size(); ++i) CHECK(count_far(se[i], sf[i], 1e-6) == 0);
+  }
+}
+
+TEST_CASE("optim launches: Opt::launches(eager, options, tensors) is what step() counts") {
+  const std::vector<index_t> sizes = {3, 0, 5000, 7};
+  // Which parameters have a gradient at each step: all, some, none, only the empty one, all.
+  auto active = [](int s, std::size_t k) {
+    switch (s) {
+      case 1: return k % 2 == 0;
+      case 2: return false;
+      case 3: return k == 1;
+      default: return true;
+    }
+  };
+  for (const std::string& cfg : all_config_names())
+    for (const bool eager : {false, true}) {
+      CAPTURE(cfg);
+      CAPTURE(eager);
+      Params ps(sizes, 9);
+      const Config c = make_named(cfg, ps.table);
+      kiln::CpuExecutor exec(2);
+      for (int s = 0; s < 5; ++s) {
+        CAPTURE(s);
+        index_t tensors = 0;
+        for (std::size_t k = 0; k < ps.count(); ++k) {
+          ps.flag[k] = active(s, k);
+          tensors += ps.flag[k] ? 1 : 0;
+          std::fill(ps.grad[k].begin(), ps.grad[k].end(), 0.125f * float(s + 1));
+        }
+        exec.stats().reset();
+        c.step(exec, {}, eager);
+        CHECK(exec.stats().launches() == std::size_t(c.launches(eager, tensors)));
+        CHECK(exec.stats().launches(kiln::kind::optimizer) == (eager ? 0u : 1u));
+      }
+    }
 }

@@ -3,7 +3,11 @@
 // delivers the batches the DeviceLoader must reproduce.
 //
 // Parameters without a gradient (a has_grad flag that is false) must be skipped as on the CPU:
-// the device's value and state of such a parameter are checked unchanged to the bit.
+// the device's value and state of such a parameter are checked unchanged to the bit. So must a
+// whole step whose guard (optim::StepGuard, a flag in device memory) is set — decided on the
+// device for the fused step, which is checked by capturing it into a CUDA graph and replaying it.
+// Both stances (fused, force_eager) run against the CPU's fused step, and every step's launches
+// against Opt::launches(eager, options, tensors).
 //
 // Optimizer results agree to rounding, not to the bit: nvcc contracts a * b + c into fused
 // multiply-adds, the host compiler need not. A host experiment (the CPU optimizers built with and
@@ -25,6 +29,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -37,11 +42,15 @@
 #include "kiln/data/dataset.hpp"
 #include "kiln/data/device_loader.cuh"
 #include "kiln/data/loader.hpp"
+#include "kiln/nn/cuda.cuh"
+#include "kiln/nn/linear.hpp"
+#include "kiln/nn/sequential.hpp"
 #include "kiln/optim/adam.hpp"
 #include "kiln/optim/clip.hpp"
 #include "kiln/optim/cuda_step.cuh"
 #include "kiln/optim/param.hpp"
 #include "kiln/optim/sgd.hpp"
+#include "kiln/policy/stance.hpp"
 
 using kiln::CpuExecutor;
 using kiln::CudaExecutor;
@@ -167,7 +176,7 @@ struct Model {
 };
 
 // Every state buffer of a CUDA optimizer, downloaded (an empty vector for one not allocated).
-std::vector<std::vector<float>> device_state(const kiln::optim::CudaSgd& o, index_t n, cudaStream_t s) {
+std::vector<std::vector<float>> device_state(const kiln::optim::SGD<kiln::cuda>& o, index_t n, cudaStream_t s) {
   if (o.d_momentum_buffer() == nullptr) return {{}};
   return {download(o.d_momentum_buffer(), n, s)};
 }
@@ -182,15 +191,36 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+// One step in a stance chosen at run time.
+template <class Opt, class Exec>
+void step_in(Opt& opt, Exec& exec, bool eager, kiln::optim::StepGuard guard = {}) {
+  if (eager) opt.template step<kiln::stance::force_eager>(exec, guard);
+  else opt.step(exec, guard);
+}
+
+// Per-parameter state a step advances: Adam's counts, SGD's buffer starts.
+template <class Opt>
+std::vector<index_t> counts_of(const Opt& o, std::size_t n) {
+  std::vector<index_t> out;
+  for (std::size_t k = 0; k < n; ++k) {
+    if constexpr (requires { o.param_steps(0); }) out.push_back(o.param_steps(index_t(k)));
+    else out.push_back(o.has_momentum_buffer(index_t(k)) ? 1 : 0);
+  }
+  return out;
+}
+
 // Which parameters have a gradient at step s.
 using Activity = std::function<bool(int step, std::size_t k)>;
 
-// Runs `steps` steps of a CPU and a CUDA optimizer side by side (the lr changed half way),
-// checking one launch a step, then the parameters and every state buffer. With `active`, the
-// tables carry has_grad flags set from it before each step, and the device's value and state of
-// every parameter without a gradient are checked unchanged to the bit by that step.
+// Runs `steps` steps of a CPU (fused) and a CUDA optimizer (fused or force_eager) side by side
+// (the lr changed half way), checking each step's launches against CudaOpt::launches, then the
+// parameters, every state buffer and the per-parameter counts. With `active`, the tables carry
+// has_grad flags set from it before each step, and the device's value and state of every
+// parameter without a gradient are checked unchanged to the bit by that step.
 template <class CpuOpt, class CudaOpt, class Options, class CheckState>
-void compare_steps(const Options& options, double second_lr, CheckState check_state, const Activity& active = {}) {
+void compare_steps(const Options& options, double second_lr, CheckState check_state, const Activity& active = {},
+                   bool eager = false) {
+  CAPTURE(eager);
   TestStream stream;
   Model model;
   model.upload_values(stream.s);
@@ -201,7 +231,6 @@ void compare_steps(const Options& options, double second_lr, CheckState check_st
   CudaOpt gpu(model.device_table(flagged), options);
   CHECK(gpu.device_table().total_size() == model.total());
   const int steps = 5;
-  std::size_t launching_steps = 0;
   for (int s = 0; s < steps; ++s) {
     CAPTURE(s);
     if (s == steps / 2) {
@@ -209,21 +238,18 @@ void compare_steps(const Options& options, double second_lr, CheckState check_st
       gpu.set_lr(second_lr);
     }
     model.new_grads(stream.s);  // a parameter without a gradient keeps a stale, non-zero buffer
-    index_t work = 0;
+    index_t tensors = 0;
     for (std::size_t k = 0; k < model.sizes.size(); ++k) {
       if (flagged) model.flag[k] = active(s, k);
-      if (model.flag[k]) work += model.sizes[k];
-    }
-    launching_steps += work > 0 ? 1 : 0;
-    if (!flagged) {
-      cpu.step(cpu_exec);
-      gpu.step(exec);
-      continue;
+      if (model.flag[k]) ++tensors;
     }
     const std::vector<float> value_before = model.device_flat(model.d_value, stream.s);
     const auto state_before = device_state(gpu, model.total(), stream.s);
     cpu.step(cpu_exec);
-    gpu.step(exec);
+    exec.stats().reset();
+    step_in(gpu, exec, eager);
+    CHECK(exec.stats().launches() == std::size_t(CudaOpt::launches(eager, gpu.options(), tensors)));
+    if (!flagged) continue;
     const std::vector<float> value_after = model.device_flat(model.d_value, stream.s);
     const auto state_after = device_state(gpu, model.total(), stream.s);
     for (std::size_t k = 0; k < model.sizes.size(); ++k) {
@@ -235,11 +261,8 @@ void compare_steps(const Options& options, double second_lr, CheckState check_st
           CHECK(same_bits(model.piece(state_after[b], k), model.piece(state_before[b], k)));
     }
   }
-  CHECK(exec.stats().launches(kiln::kind::optimizer) == launching_steps);
-  CHECK(exec.stats().launches() == launching_steps);
   CHECK(gpu.steps() == cpu.steps());
-  if constexpr (requires { gpu.param_steps(0); })
-    for (index_t k = 0; k < index_t(model.sizes.size()); ++k) CHECK(gpu.param_steps(k) == cpu.param_steps(k));
+  CHECK(counts_of(gpu, model.sizes.size()) == counts_of(cpu, model.sizes.size()));
   CHECK(mismatches(model.device_flat(model.d_value, stream.s), model.flat(model.value), "value") == 0);
   check_state(cpu, gpu, model.total(), stream.s);
 }
@@ -284,73 +307,220 @@ struct SgdState {
   }
 };
 
+// A step guard's flag in device memory.
+struct DeviceFlag {
+  DeviceBuffer<float> d{1};
+  void set(float v, cudaStream_t s) { upload(d.data(), std::vector<float>{v}, s); }
+  kiln::optim::StepGuard guard() const { return {d.data()}; }
+};
+
+// Guarded steps on the device: steps 0 and 1 run (flag 0), step 2 is tried with the flag set to
+// 1, NaN and -inf in turn — each must leave values, state and per-parameter counts bit for bit
+// (parameter 3 would start its buffer / count there) — then steps 3 and 4 run. The CPU optimizer
+// never sees step 2; the two must agree at the end. Launches: a skipped fused step still counts
+// (and runs) its one kernel, a skipped eager step launches nothing.
+template <class CpuOpt, class CudaOpt, class Options, class CheckState>
+void guarded_steps(const Options& options, CheckState check_state, bool eager) {
+  CAPTURE(eager);
+  TestStream stream;
+  Model model;
+  model.upload_values(stream.s);
+  CpuExecutor cpu_exec(1);
+  CudaExecutor exec(stream.s);
+  CpuOpt cpu(model.host_table(true), options);
+  CudaOpt gpu(model.device_table(true), options);
+  DeviceFlag flag;
+  flag.set(0.0f, stream.s);
+  auto activity = [&](int s) {
+    for (std::size_t k = 0; k < model.sizes.size(); ++k) model.flag[k] = !(k == 3 && s < 2) && !(k == 5 && s == 1);
+  };
+  for (int s = 0; s < 5; ++s) {
+    CAPTURE(s);
+    model.new_grads(stream.s);
+    activity(s);
+    if (s != 2) {
+      cpu.step(cpu_exec);
+      step_in(gpu, exec, eager, flag.guard());
+      continue;
+    }
+    for (const float f : {1.0f, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+      CAPTURE(f);
+      const std::vector<float> value_before = model.device_flat(model.d_value, stream.s);
+      const auto state_before = device_state(gpu, model.total(), stream.s);
+      const auto counts_before = counts_of(gpu, model.sizes.size());
+      flag.set(f, stream.s);
+      exec.stats().reset();
+      step_in(gpu, exec, eager, flag.guard());
+      CHECK(exec.stats().launches() == (eager ? 0u : 1u));
+      flag.set(0.0f, stream.s);
+      CHECK(same_bits(model.device_flat(model.d_value, stream.s), value_before));
+      const auto state_after = device_state(gpu, model.total(), stream.s);
+      REQUIRE(state_after.size() == state_before.size());
+      for (std::size_t b = 0; b < state_after.size(); ++b) CHECK(same_bits(state_after[b], state_before[b]));
+      CHECK(counts_of(gpu, model.sizes.size()) == counts_before);
+    }
+  }
+  CHECK(counts_of(gpu, model.sizes.size()) == counts_of(cpu, model.sizes.size()));
+  CHECK(mismatches(model.device_flat(model.d_value, stream.s), model.flat(model.value), "value") == 0);
+  check_state(cpu, gpu, model.total(), stream.s);
+}
+
+// The fused guarded step captured into a CUDA graph (capture fails on any synchronising call),
+// then replayed four times with the same kernel arguments: the device's counts and buffer starts
+// must advance on each replay but the third, which runs with the flag set and must be skipped.
+// The CPU optimizer steps for the other replays; the two must agree.
+template <class CpuOpt, class CudaOpt, class Options, class CheckState>
+void replay_graph(const Options& options, CheckState check_state) {
+  TestStream stream;
+  Model model;
+  model.upload_values(stream.s);
+  CpuExecutor cpu_exec(1);
+  CudaExecutor exec(stream.s);
+  CpuOpt cpu(model.host_table(), options);
+  CudaOpt gpu(model.device_table(), options);
+  DeviceFlag flag;
+  flag.set(0.0f, stream.s);
+  model.new_grads(stream.s);
+  gpu.step(exec, flag.guard());  // allocates SGD's momentum buffer outside the capture
+  cpu.step(cpu_exec);
+  cudaGraph_t graph = nullptr;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeGlobal));
+  gpu.step(exec, flag.guard());
+  KILN_CUDA_CHECK(cudaStreamEndCapture(stream.s, &graph));
+  cudaGraphExec_t instance = nullptr;
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&instance, graph, 0));
+  for (int r = 0; r < 4; ++r) {
+    if (r == 2) flag.set(1.0f, stream.s);
+    KILN_CUDA_CHECK(cudaGraphLaunch(instance, stream.s));
+    if (r == 2) flag.set(0.0f, stream.s);
+    else cpu.step(cpu_exec);
+  }
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  KILN_CUDA_CHECK(cudaGraphExecDestroy(instance));
+  KILN_CUDA_CHECK(cudaGraphDestroy(graph));
+  CHECK(counts_of(gpu, model.sizes.size()) == counts_of(cpu, model.sizes.size()));
+  CHECK(mismatches(model.device_flat(model.d_value, stream.s), model.flat(model.value), "value") == 0);
+  check_state(cpu, gpu, model.total(), stream.s);
+}
+
 }  // namespace
 
 TEST_SUITE("cuda optimizers") {
   using namespace kiln::optim;
+  using kiln::cuda;
+  using kiln::host;
 
-  TEST_CASE("CudaAdamW and CudaAdam match the CPU step for step") {
-    SUBCASE("AdamW defaults") { compare_steps<AdamW, CudaAdamW>(AdamWOptions{}, 3e-3, AdamState{}); }
-    SUBCASE("AdamW amsgrad, maximize, strong decay") {
-      compare_steps<AdamW, CudaAdamW>(
-          AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true, .maximize = true}, 5e-3,
-          AdamState{});
-    }
-    SUBCASE("Adam defaults") { compare_steps<Adam, CudaAdam>(AdamOptions{}, 3e-3, AdamState{}); }
-    SUBCASE("Adam amsgrad with L2 decay") {
-      compare_steps<Adam, CudaAdam>(AdamOptions{.lr = 1e-2, .beta1 = 0.8, .weight_decay = 0.1, .amsgrad = true},
-                                    5e-3, AdamState{});
+  TEST_CASE("AdamW<cuda> and Adam<cuda> match the CPU step for step, fused and force_eager") {
+    for (const bool eager : {false, true}) {
+      SUBCASE("AdamW defaults") {
+        compare_steps<AdamW<host>, AdamW<cuda>>(AdamWOptions{}, 3e-3, AdamState{}, {}, eager);
+      }
+      SUBCASE("AdamW amsgrad, maximize, strong decay") {
+        compare_steps<AdamW<host>, AdamW<cuda>>(
+            AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true, .maximize = true}, 5e-3, AdamState{}, {},
+            eager);
+      }
+      SUBCASE("Adam defaults") { compare_steps<Adam<host>, Adam<cuda>>(AdamOptions{}, 3e-3, AdamState{}, {}, eager); }
+      SUBCASE("Adam amsgrad with L2 decay") {
+        compare_steps<Adam<host>, Adam<cuda>>(AdamOptions{.lr = 1e-2, .beta1 = 0.8, .weight_decay = 0.1, .amsgrad = true},
+                                              5e-3, AdamState{}, {}, eager);
+      }
     }
   }
 
-  TEST_CASE("CUDA optimizers skip parameters without a gradient exactly as the CPU ones") {
-    SUBCASE("AdamW") {
-      compare_steps<AdamW, CudaAdamW>(AdamWOptions{.weight_decay = 0.1}, 3e-3, AdamState{}, mixed_activity);
+  TEST_CASE("CUDA optimizers skip parameters without a gradient exactly as the CPU ones, in both stances") {
+    for (const bool eager : {false, true}) {
+      SUBCASE("AdamW") {
+        compare_steps<AdamW<host>, AdamW<cuda>>(AdamWOptions{.weight_decay = 0.1}, 3e-3, AdamState{}, mixed_activity,
+                                                eager);
+      }
+      SUBCASE("AdamW amsgrad") {
+        compare_steps<AdamW<host>, AdamW<cuda>>(AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true}, 5e-3,
+                                                AdamState{}, mixed_activity, eager);
+      }
+      SUBCASE("Adam with L2 decay, maximize") {
+        compare_steps<Adam<host>, Adam<cuda>>(AdamOptions{.lr = 1e-2, .weight_decay = 0.1, .maximize = true}, 5e-3,
+                                              AdamState{}, mixed_activity, eager);
+      }
+      SUBCASE("Adam amsgrad") {
+        compare_steps<Adam<host>, Adam<cuda>>(AdamOptions{.lr = 1e-2, .amsgrad = true}, 5e-3, AdamState{},
+                                              mixed_activity, eager);
+      }
+      SUBCASE("SGD plain") {
+        compare_steps<SGD<host>, SGD<cuda>>(SgdOptions{.lr = 0.1}, 0.05, SgdState{}, mixed_activity, eager);
+      }
+      SUBCASE("SGD nesterov momentum with weight decay") {
+        compare_steps<SGD<host>, SGD<cuda>>(
+            SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-2, .nesterov = true}, 0.05, SgdState{},
+            mixed_activity, eager);
+      }
+      SUBCASE("SGD dampened momentum") {
+        compare_steps<SGD<host>, SGD<cuda>>(SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1}, 0.05,
+                                            SgdState{}, mixed_activity, eager);
+      }
+      SUBCASE("after the first step no parameter has a gradient: nothing moves") {
+        compare_steps<AdamW<host>, AdamW<cuda>>(AdamWOptions{}, 3e-3, AdamState{},
+                                                [](int s, std::size_t) { return s == 0; }, eager);
+      }
     }
+  }
+
+  TEST_CASE("SGD<cuda> matches the CPU step for step, fused and force_eager") {
+    for (const bool eager : {false, true}) {
+      SUBCASE("plain") { compare_steps<SGD<host>, SGD<cuda>>(SgdOptions{.lr = 0.1}, 0.05, SgdState{}, {}, eager); }
+      SUBCASE("nesterov momentum with weight decay") {
+        compare_steps<SGD<host>, SGD<cuda>>(
+            SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-2, .nesterov = true}, 0.05, SgdState{}, {}, eager);
+      }
+      SUBCASE("dampened momentum, maximize") {
+        compare_steps<SGD<host>, SGD<cuda>>(
+            SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .maximize = true}, 0.05, SgdState{}, {}, eager);
+      }
+    }
+  }
+
+  TEST_CASE("a guarded step is a no-op decided on the device, bit for bit, in both stances") {
+    for (const bool eager : {false, true}) {
+      SUBCASE("AdamW amsgrad") {
+        guarded_steps<AdamW<host>, AdamW<cuda>>(AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true},
+                                                AdamState{}, eager);
+      }
+      SUBCASE("Adam L2, maximize") {
+        guarded_steps<Adam<host>, Adam<cuda>>(AdamOptions{.lr = 1e-2, .weight_decay = 0.1, .maximize = true},
+                                              AdamState{}, eager);
+      }
+      SUBCASE("SGD nesterov") {
+        guarded_steps<SGD<host>, SGD<cuda>>(
+            SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-2, .nesterov = true}, SgdState{}, eager);
+      }
+      SUBCASE("SGD dampened, maximize") {
+        guarded_steps<SGD<host>, SGD<cuda>>(
+            SgdOptions{.lr = 0.05, .momentum = 0.5, .dampening = 0.3, .weight_decay = 0.1, .maximize = true},
+            SgdState{}, eager);
+      }
+      SUBCASE("SGD plain") { guarded_steps<SGD<host>, SGD<cuda>>(SgdOptions{.lr = 0.1}, SgdState{}, eager); }
+    }
+  }
+
+  TEST_CASE("the fused guarded step needs no host synchronisation: captured in a CUDA graph, it replays") {
     SUBCASE("AdamW amsgrad") {
-      compare_steps<AdamW, CudaAdamW>(AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true}, 5e-3,
-                                      AdamState{}, mixed_activity);
+      replay_graph<AdamW<host>, AdamW<cuda>>(AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true},
+                                             AdamState{});
     }
-    SUBCASE("Adam with L2 decay") {
-      compare_steps<Adam, CudaAdam>(AdamOptions{.lr = 1e-2, .weight_decay = 0.1}, 5e-3, AdamState{}, mixed_activity);
-    }
-    SUBCASE("Adam amsgrad") {
-      compare_steps<Adam, CudaAdam>(AdamOptions{.lr = 1e-2, .amsgrad = true}, 5e-3, AdamState{}, mixed_activity);
-    }
-    SUBCASE("Sgd plain") { compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1}, 0.05, SgdState{}, mixed_activity); }
-    SUBCASE("Sgd nesterov momentum with weight decay") {
-      compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-2, .nesterov = true}, 0.05,
-                                  SgdState{}, mixed_activity);
-    }
-    SUBCASE("Sgd dampened momentum") {
-      compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1}, 0.05, SgdState{},
-                                  mixed_activity);
-    }
-    SUBCASE("after the first step no parameter has a gradient: no launch, nothing moves") {
-      compare_steps<AdamW, CudaAdamW>(AdamWOptions{}, 3e-3, AdamState{}, [](int s, std::size_t) { return s == 0; });
+    SUBCASE("Adam") { replay_graph<Adam<host>, Adam<cuda>>(AdamOptions{.lr = 1e-2}, AdamState{}); }
+    SUBCASE("SGD dampened momentum") {
+      replay_graph<SGD<host>, SGD<cuda>>(SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1}, SgdState{});
     }
   }
 
-  TEST_CASE("CudaSgd matches the CPU step for step") {
-    SUBCASE("plain") { compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1}, 0.05, SgdState{}); }
-    SUBCASE("nesterov momentum with weight decay") {
-      compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-2, .nesterov = true},
-                                  0.05, SgdState{});
-    }
-    SUBCASE("dampened momentum, maximize") {
-      compare_steps<Sgd, CudaSgd>(SgdOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .maximize = true}, 0.05,
-                                  SgdState{});
-    }
-  }
-
-  TEST_CASE("CudaSgd starts its momentum buffer when momentum is switched on, as Sgd does") {
+  TEST_CASE("SGD<cuda> starts its momentum buffer when momentum is switched on, as SGD<host> does") {
     TestStream stream;
     Model model;
     model.upload_values(stream.s);
     CpuExecutor cpu_exec(1);
     CudaExecutor exec(stream.s);
-    Sgd cpu(model.host_table(), {.lr = 0.05});
-    CudaSgd gpu(model.device_table(), {.lr = 0.05});
+    SGD<host> cpu(model.host_table(), {.lr = 0.05});
+    SGD<cuda> gpu(model.device_table(), {.lr = 0.05});
     for (int s = 0; s < 4; ++s) {
       if (s == 2) {
         cpu.set_momentum(0.9);
@@ -365,12 +535,26 @@ TEST_SUITE("cuda optimizers") {
     SgdState{}(cpu, gpu, model.total(), stream.s);
   }
 
+  TEST_CASE("optimizers deduce kiln::cuda from a CUDA model, and the old names are aliases") {
+    using Net = kiln::nn::Sequential<kiln::nn::Linear<4, 3>, kiln::nn::Linear<3, 2>>::on<cuda>;
+    Net net(1);
+    AdamW adamw(net, {.lr = 1e-2});
+    SGD sgd(net, {.lr = 0.1});
+    static_assert(std::is_same_v<decltype(adamw), AdamW<cuda>>);
+    static_assert(std::is_same_v<decltype(sgd), SGD<cuda>>);
+    static_assert(std::is_same_v<CudaAdamW, AdamW<cuda>> && std::is_same_v<CudaAdam, Adam<cuda>> &&
+                  std::is_same_v<CudaSgd, SGD<cuda>>);
+    static_assert(AdamW<cuda>::launches(true, {.lr = 1e-2}, 4) == AdamW<host>::launches(true, {.lr = 1e-2}, 4));
+    CHECK(adamw.table().count() == 4);
+    CHECK(adamw.table()[0].value == net.param_table()[0].value);
+  }
+
   TEST_CASE("zero_grad is one launch and zeroes every gradient") {
     TestStream stream;
     Model model;
     model.new_grads(stream.s);
     CudaExecutor exec(stream.s);
-    CudaAdamW opt(model.device_table(), {});
+    AdamW<cuda> opt(model.device_table(), {});
     opt.zero_grad(exec);
     CHECK(exec.stats().launches() == 1);
     CHECK(exec.stats().launches(kiln::kind::elementwise) == 1);
@@ -387,7 +571,7 @@ TEST_SUITE("cuda optimizers") {
     DeviceBuffer<float> w(5), dw(5);
     upload(dw.data(), std::vector<float>(5, 3.0f), stream.s);
     table.add(w.data(), dw.data(), 5);  // no flag: zero-filled in both modes
-    CudaAdamW opt(table, {});
+    AdamW<cuda> opt(table, {});
     opt.zero_grad(exec);
     CHECK(exec.stats().launches() == 1);  // the unflagged parameter only
     for (std::size_t k = 0; k < model.sizes.size(); ++k) CHECK_FALSE(model.flag[k]);
@@ -405,22 +589,24 @@ TEST_SUITE("cuda optimizers") {
     CHECK(std::count(g.begin(), g.end(), 0.0f) == std::ptrdiff_t(g.size()));
   }
 
-  TEST_CASE("an empty table steps without launching and the options are checked as on the CPU") {
+  TEST_CASE("a table of empty parameters steps (its counts advance) and the options are checked as on the CPU") {
     CudaExecutor exec;
     ParamTable empty;
     empty.add(nullptr, nullptr, 0);
-    CudaAdam adam(empty, {});
-    CudaSgd sgd(empty, {.momentum = 0.5});
+    Adam<cuda> adam(empty, {});
+    SGD<cuda> sgd(empty, {.momentum = 0.5});
     adam.step(exec);
     sgd.step(exec);
     adam.zero_grad(exec);
     exec.synchronize();
     CHECK(exec.stats().launches(kiln::kind::optimizer) == 2);
+    CHECK(adam.param_steps(0) == 1);  // as Adam<host>: a parameter with a gradient counts its step
+    CHECK(sgd.has_momentum_buffer(0));
     CHECK(cuda_grad_norm(adam.device_table(), exec) == 0.0);
 
-    CHECK_THROWS_AS(CudaAdamW(ParamTable{}, {.lr = -1.0}), kiln::ValueError);
-    CHECK_THROWS_AS(CudaAdam(ParamTable{}, {.beta2 = 1.0}), kiln::ValueError);
-    CHECK_THROWS_AS(CudaSgd(ParamTable{}, {.nesterov = true}), kiln::ValueError);
+    CHECK_THROWS_AS(AdamW<cuda>(ParamTable{}, {.lr = -1.0}), kiln::ValueError);
+    CHECK_THROWS_AS(Adam<cuda>(ParamTable{}, {.beta2 = 1.0}), kiln::ValueError);
+    CHECK_THROWS_AS(SGD<cuda>(ParamTable{}, {.nesterov = true}), kiln::ValueError);
     CHECK_THROWS_AS(sgd.set_lr(std::numeric_limits<double>::quiet_NaN()), kiln::ValueError);
     CHECK(sgd.lr() == 1e-3);  // a rejected value leaves the options as they were
   }
@@ -432,7 +618,7 @@ TEST_SUITE("cuda optimizers") {
     std::vector<float> v(8), g(8);
     ParamTable t;
     t.add(v.data(), g.data(), 8);
-    if (pageable == 0) CHECK_THROWS_AS(CudaSgd(t, {}), kiln::ValueError);
+    if (pageable == 0) CHECK_THROWS_AS(SGD<cuda>(t, {}), kiln::ValueError);
     else MESSAGE("this device reads pageable memory: host pointers are accepted");
   }
 }

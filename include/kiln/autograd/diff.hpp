@@ -99,30 +99,17 @@ class Diff<VarLeaf<T, S, Ext>> {
     auto* exec = &plan.exec;
     plan.after.push_back([=, &d] {
       T* out = d.ensure_grad();
-      auto sum_into = [&](T* o, auto&&... reduce_args) {
-        exec->template reduce<red::Sum>(o, reduce_args...);
-      };
-      // The reduced values land in a scratch vector when they must be added to the gradient.
-      typename TempPool<S>::Buffer tmp;
-      T* target = out;
-      if (add) {
-        tmp = exec->temps().take(std::size_t(d.value.size()) * sizeof(T));
-        target = static_cast<T*>(tmp.get());
-      }
+      // ONE reduction, which adds to the gradient when it already holds a contribution.
+      auto sum_into = [&](auto&&... reduce_args) { exec->template reduce<red::Sum>(out, reduce_args..., add); };
       if (ls.rs == 0 && ls.cs == 0) {  // a scalar: sum everything
         View<const T, S, extents<dyn>> all(scratch, Shape{rows * cols});
-        sum_into(target, Evaluator<decltype(all)>(all, all.shape()), index_t(1), rows * cols, false);
+        sum_into(Evaluator<decltype(all)>(all, all.shape()), index_t(1), rows * cols, false);
       } else if (ls.rs == 0) {  // a row broadcast over rows: sum each column
         View<const T, S, extents<dyn, dyn>> t(scratch, Shape{cols, rows}, {1, cols});
-        sum_into(target, Evaluator<decltype(t)>(t, t.shape()), cols, rows, true);
+        sum_into(Evaluator<decltype(t)>(t, t.shape()), cols, rows, true);
       } else {  // a column broadcast over columns: sum each row
         View<const T, S, extents<dyn, dyn>> m(scratch, Shape{rows, cols});
-        sum_into(target, Evaluator<decltype(m)>(m, m.shape()), rows, cols, true);
-      }
-      if (add) {
-        View<T, S, extents<dyn>> gv(out, Shape{d.value.size()});
-        View<const T, S, extents<dyn>> tv(target, Shape{d.value.size()});
-        assign(gv, gv + tv, *exec);
+        sum_into(Evaluator<decltype(m)>(m, m.shape()), rows, cols, true);
       }
     });
   }

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "kiln/autograd/fold.hpp"
+#include "kiln/autograd/map.hpp"
 #include "kiln/autograd/tape.hpp"
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/temp_pool.hpp"
@@ -44,7 +45,7 @@ struct LinearState final : GemmGradFold<Exec, T> {
   T* dz_data() const { return static_cast<T*>(dz.get()); }
 
   // db (=|+=) its contribution: the pointer to write, or null when the bias needs no gradient.
-  T* bias_grad(bool& add) const {
+  compute_t<T>* bias_grad(bool& add) const {
     if constexpr (std::is_same_v<BiasData, VarNode>) {  // the op has no bias
       return nullptr;
     } else {
@@ -59,7 +60,7 @@ struct LinearState final : GemmGradFold<Exec, T> {
     if (!open || taken || m != rows || n != cols || !exec.template folds_dact<Act>(k)) return false;
     dz = exec.temps().take(std::size_t(m * n) * sizeof(T));
     bool add = false;
-    T* db = bias_grad(add);
+    compute_t<T>* db = bias_grad(add);
     exec.gemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, dz_data(), n, DAct<Act, T>{aux.get(), out, db, add});
     if (db) bias->grad_valid = true;
     taken = true;
@@ -87,10 +88,17 @@ struct bias_data<std::nullptr_t> {
   using type = VarNode;
 };
 
-template <class Act, class Exec, class T, class S, index_t B, index_t I, index_t O, index_t I2, class BiasVar>
-auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, I2>& w, const BiasVar* bias) {
+// x in T; the weight w (and the bias) in W = compute_t<T>. For a half-precision T the GEMMs read
+// w_low, w's values in T (a copy the caller keeps current), and w's gradient still lands in w:
+// mixed precision's float master weight.
+template <class Act, class Exec, class T, class W, class S, index_t B, index_t I, index_t O, index_t I2,
+          class BiasVar>
+auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, I2>& w, const BiasVar* bias,
+                 const T* w_low) {
   static_assert(std::is_same_v<S, typename Exec::space>,
                 "kiln: ag::linear's variables must live in the executor's memory space");
+  static_assert(std::is_same_v<W, compute_t<T>>,
+                "kiln: ag::linear(x, w): w's type must be x's, or float for a bf16 / f16 x (mixed precision)");
   static_assert(I == dyn || I2 == dyn || I == I2,
                 "kiln: ag::linear(x, w): x's last size must equal w's second size (y = x·wᵀ)");
   constexpr bool has_bias = !std::is_same_v<BiasVar, std::nullptr_t>;
@@ -98,7 +106,16 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
   const index_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
   KILN_CHECK(w.dim(1) == k, ShapeError, "linear: x has shape ", x.shape().str(), " and the weight ",
              w.shape().str(), "; the weight must be [out, ", k, "]");
-  const T* bias_values = nullptr;
+  const T* w_values = nullptr;
+  if constexpr (std::is_same_v<T, W>) {
+    w_values = w.value().data();
+  } else {
+    KILN_CHECK(w_low != nullptr || w.value().size() == 0, ValueError,
+               "linear: a half-precision input needs the weight's values in its type (the low-precision copy a "
+               "training step keeps); got none");
+    w_values = w_low;
+  }
+  const W* bias_values = nullptr;
   bool bias_grad = false;
   if constexpr (has_bias) {
     KILN_CHECK(bias->dim(0) == n, ShapeError, "linear: the bias has shape ", bias->shape().str(),
@@ -107,9 +124,32 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
     bias_grad = bias->requires_grad();
   }
   using State = LinearState<Exec, T, Act, typename bias_data<BiasVar>::type>;
+  using Y = Var<T, S, B, O>;
+
+  // force_eager: the GEMM alone, then the bias and the activation as nodes of their own (one
+  // kernel each way per node), as an unfused framework runs them.
+  if constexpr (has_bias || !identity) {
+    if (tape.force_eager()) {
+      Y z = linear_impl<fn::Identity>(tape, x, w, static_cast<const std::nullptr_t*>(nullptr), w_low);
+      // A half-precision result is rounded where it is stored: part of its node, not one more.
+      auto stored = [](auto&& e) {
+        if constexpr (std::is_same_v<T, W>) return e;
+        else return cast<T>(e);
+      };
+      auto with_bias = [&] {
+        if constexpr (has_bias) return ag::map(tape, stored(z + *bias));
+        else return z;
+      }();
+      auto y = [&] {
+        if constexpr (identity) return with_bias;
+        else return ag::map(tape, stored(make_unary(Act{}, with_bias)));
+      }();
+      if constexpr (std::is_same_v<decltype(y), Y>) return y;
+    }
+  }
 
   Exec& exec = tape.exec();
-  Var<T, S, B, O> y(typename Var<T, S, B, O>::tensor_type(Shape{m, n}));
+  Y y(typename Y::tensor_type(Shape{m, n}));
   const bool needs_grad = tape.recording() && (x.requires_grad() || w.requires_grad() || bias_grad);
   auto state = std::make_shared<State>();
   state->rows = m;
@@ -118,7 +158,7 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
   if constexpr (has_bias) state->bias = bias->data();
   // Without a backward to come nothing needs saving; executors then skip the aux write.
   if (!identity && needs_grad) state->aux = exec.temps().take(exec.template act_aux_bytes<Act, T>(m, n));
-  exec.gemm(false, true, m, n, k, 1.f, x.value().data(), k, w.value().data(), k, 0.f, y.value().data(), n,
+  exec.gemm(false, true, m, n, k, 1.f, x.value().data(), k, w_values, k, 0.f, y.value().data(), n,
             BiasAct<Act, T>{bias_values, state->aux.get()});
   if (!needs_grad) return y;
   y.set_requires_grad(true);
@@ -130,12 +170,13 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
   }
   std::vector<std::shared_ptr<VarNode>> inputs{x.data(), w.data()};
   if constexpr (has_bias) inputs.push_back(bias->data());
-  tape.record(y, std::move(inputs), [xd = x.data(), wd = w.data(), state, guard, m, n, k](Exec& exec, auto& yd) {
+  tape.record(y, std::move(inputs),
+              [xd = x.data(), wd = w.data(), w_values, state, guard, m, n, k](Exec& exec, auto& yd) {
     State& st = *state;
     const bool folded = st.taken;
     if (!folded && !yd.grad_valid) return;  // nothing flowed back into y
     bool add_db = false;
-    T* db = st.bias_grad(add_db);
+    compute_t<T>* db = st.bias_grad(add_db);
     bool bias_done = false;
     typename State::Buffer scratch;
     const T* dz = nullptr;
@@ -155,7 +196,7 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
     }
     if (wd->requires_grad) {
       const float beta = wd->grad_valid ? 1.f : 0.f;
-      T* dw = wd->ensure_grad();
+      auto* dw = wd->ensure_grad();
       if (db && !bias_done) {
         exec.gemm(true, false, n, k, m, 1.f, dz, n, xd->value.data(), k, beta, dw, k, BGradA<T>{db, add_db});
         bias_done = true;
@@ -168,7 +209,7 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
       exec.template dact<fn::Identity>(m, n, dz, static_cast<const void*>(nullptr), static_cast<const T*>(nullptr),
                                         static_cast<T*>(nullptr), false, db, add_db);
     if (db) st.bias->grad_valid = true;
-    if (xd->requires_grad) gemm_into_grad(exec, *xd, false, false, m, k, n, dz, n, wd->value.data(), k);
+    if (xd->requires_grad) gemm_into_grad(exec, *xd, false, false, m, k, n, dz, n, w_values, k);
     st.taken = false;
     st.dz = typename State::Buffer();
   });
@@ -177,18 +218,22 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, 
 
 }  // namespace detail
 
-// y = act(x·wᵀ + b); Act is a kiln::fn functor (fn::Identity: none).
-template <class Act = fn::Identity, class Exec, class T, class S, index_t B, index_t I, index_t O, index_t I2,
+// y = act(x·wᵀ + b); Act is a kiln::fn functor (fn::Identity: none). Mixed precision: x in bf16
+// or f16, w and b float master parameters, w_low w's values in x's type (required then, and
+// kept current by the caller); y in x's type, the gradients of w and b in float.
+template <class Act = fn::Identity, class Exec, class T, class W, class S, index_t B, index_t I, index_t O, index_t I2,
           index_t OB>
-auto linear(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, I2>& w, const Var<T, S, OB>& b) {
+auto linear(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, I2>& w, const Var<W, S, OB>& b,
+            const T* w_low = nullptr) {
   static_assert(O == dyn || OB == dyn || O == OB, "kiln: ag::linear(x, w, b): b's size must equal w's first size");
-  return detail::linear_impl<Act>(tape, x, w, &b);
+  return detail::linear_impl<Act>(tape, x, w, &b, w_low);
 }
 
 // y = act(x·wᵀ), no bias.
-template <class Act = fn::Identity, class Exec, class T, class S, index_t B, index_t I, index_t O, index_t I2>
-auto linear(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<T, S, O, I2>& w) {
-  return detail::linear_impl<Act>(tape, x, w, static_cast<const std::nullptr_t*>(nullptr));
+template <class Act = fn::Identity, class Exec, class T, class W, class S, index_t B, index_t I, index_t O,
+          index_t I2>
+auto linear(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, I2>& w, const T* w_low = nullptr) {
+  return detail::linear_impl<Act>(tape, x, w, static_cast<const std::nullptr_t*>(nullptr), w_low);
 }
 
 }  // namespace kiln::ag

@@ -41,15 +41,59 @@ void for_each_var(const E& e, F&& f) {
     if constexpr (requires { e.c; }) for_each_var(e.c, f);
   }
 }
+
+template <class Exec, class E>
+auto map_expr(Tape<Exec>& tape, const E& e);
+template <class Exec, class E>
+auto one_node(Tape<Exec>& tape, const E& e);
+
+// Under a force_eager tape, the node with each non-leaf child first made a variable of its own
+// (one kernel forward, one backward each): the expression becomes one node over leaves.
+template <class Exec, class E>
+auto eager_child(Tape<Exec>& tape, const E& e) {
+  if constexpr (is_leaf_v<E>) return e;
+  else return to_leaf(map_expr(tape, one_node(tape, e)));
+}
+template <class Exec, class E>
+auto one_node(Tape<Exec>& tape, const E& e) {
+  if constexpr (is_leaf_v<E>) {
+    return e;
+  } else if constexpr (requires { e.c; }) {
+    auto a = eager_child(tape, e.a);
+    auto b = eager_child(tape, e.b);
+    auto c = eager_child(tape, e.c);
+    return Ternary<decltype(e.f), decltype(a), decltype(b), decltype(c)>(e.f, a, b, c);
+  } else if constexpr (requires { e.b; }) {
+    auto a = eager_child(tape, e.a);
+    auto b = eager_child(tape, e.b);
+    return Binary<decltype(e.f), decltype(a), decltype(b)>(e.f, a, b);
+  } else if constexpr (requires { e.f; }) {
+    auto a = eager_child(tape, e.a);
+    return Unary<decltype(e.f), decltype(a)>(e.f, a);
+  } else if constexpr (is_leaf_v<decltype(e.a)>) {  // Cast<To, leaf>: one node
+    return e;
+  } else {  // Cast<To, node>: the rounding is the store of that node's kernel, not a node of its own
+    auto a = one_node(tape, e.a);
+    return Cast<typename E::value_type, decltype(a)>(a);
+  }
+}
 }  // namespace detail
 
+// ONE kernel forward and ONE derived kernel backward for the whole expression (force_eager
+// tape: one of each per node).
 template <class Exec, class X>
 auto map(Tape<Exec>& tape, X&& x) {
   auto e = as_expr(std::forward<X>(x));
-  using E = decltype(e);
-  static_assert(!detail::has_boundary<E>(),
+  static_assert(!detail::has_boundary<decltype(e)>(),
                 "kiln: ag::map takes an elementwise expression; compute products and reductions with "
                 "ag::matmul / ag::sum first");
+  if (tape.force_eager()) return detail::map_expr(tape, detail::one_node(tape, e));
+  return detail::map_expr(tape, e);
+}
+
+namespace detail {
+template <class Exec, class E>
+auto map_expr(Tape<Exec>& tape, const E& e) {
   using T = typename E::value_type;
   using Out = var_t<T, typename Exec::space, typename E::extents_type>;
   Out out(typename Out::tensor_type(e.shape()));
@@ -75,5 +119,6 @@ auto map(Tape<Exec>& tape, X&& x) {
   });
   return out;
 }
+}  // namespace detail
 
 }  // namespace kiln::ag

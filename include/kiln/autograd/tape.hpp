@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kiln/autograd/var.hpp"
+#include "kiln/core/stats.hpp"
 #include "kiln/core/warning.hpp"
 #include "kiln/expr/assign.hpp"
 
@@ -52,6 +53,17 @@ inline std::atomic<std::uint64_t>& traversal_counter() {
 }
 template <class Exec>
 inline constexpr char exec_key = 0;
+
+// backward()'s first kernel: d(loss)/d(loss) = seed (times *scale when scale is set).
+template <class T>
+struct Seed {
+  T* g;
+  const float* scale;
+  double seed;
+  KILN_HOST_DEVICE void operator()(index_t, index_t) const {
+    g[0] = scale ? T(compute_t<T>(*scale) * compute_t<T>(seed)) : T(seed);
+  }
+};
 }  // namespace detail
 
 inline bool grad_enabled() { return detail::grad_mode(); }
@@ -70,18 +82,28 @@ class NoGrad {
 
 struct BackwardOptions {
   bool retain_graph = false;  // keep every step that ran, to run it again
+  // The seed d(loss)/d(loss): `seed`, times *seed_scale when that is set — a float in the loss's
+  // memory space read by the seed kernel (a loss scaler's scale on the device: no host sync).
+  // A training step seeds scale / N to scale the loss and average N accumulated micro-batches.
+  double seed = 1.0;
+  const float* seed_scale = nullptr;
 };
 
 struct TapeOptions {
   // Warn (once per tape) when more backward steps than this are alive, or more than 8 times
   // the largest graph a backward() has run — whichever is larger.
   std::size_t warn_alive_steps = 1024;
+  // stance::force_eager for everything recorded on this tape: every expression node is its own
+  // kernel forward and backward, and a Linear's bias and activation leave its GEMM's epilogue —
+  // the baseline fusion is measured against, and a way to debug a fused result.
+  bool force_eager = false;
 };
 
 template <class Exec>
 class Tape {
   struct Step final : GradFn {
     std::function<void(Exec&)> run;
+    std::string region;  // the launch-stats region it was recorded in (an opaque layer)
   };
 
  public:
@@ -90,6 +112,7 @@ class Tape {
 
   Exec& exec() const { return *exec_; }
   bool recording() const { return grad_enabled(); }
+  bool force_eager() const { return options_.force_eager; }
   // Backward steps recorded on this tape that are still alive: held by results that no backward
   // has consumed yet (0 after a training step whose results are gone or backwarded).
   std::size_t size() const { return *alive_; }
@@ -109,6 +132,7 @@ class Tape {
     step->seq = detail::step_counter()++;
     step->exec_key = &detail::exec_key<Exec>;
     step->live = alive_;
+    step->region = exec_->stats().region();
     ++*alive_;
     out.data()->grad_fn = std::move(step);
     out.data()->graph_freed = false;
@@ -131,10 +155,20 @@ class Tape {
     const std::vector<Visit> steps = collect(loss.data());
     // Gradients of intermediate results hold this backward's contributions only.
     for (const Visit& v : steps) v.node->grad_valid = false;
-    root.ensure_grad();
-    assign(root.grad, 1.0, *exec_);
+    T* g = root.ensure_grad();
+    exec_->for_each_element(1, 1, detail::Seed<T>{g, options.seed_scale, options.seed}, kind::elementwise, "seed",
+                            sizeof(T) + (options.seed_scale ? sizeof(float) : 0));
     root.grad_valid = true;
-    for (const Visit& v : steps) static_cast<Step&>(*v.step).run(*exec_);
+    for (const Visit& v : steps) {
+      Step& step = static_cast<Step&>(*v.step);
+      if (step.region.empty()) {
+        step.run(*exec_);
+      } else {  // a backward step of an opaque region is named after it too
+        std::string outer = exec_->stats().set_region(step.region);
+        step.run(*exec_);
+        exec_->stats().set_region(std::move(outer));
+      }
+    }
     if (!options.retain_graph) release(steps);
     largest_graph_ = std::max(largest_graph_, steps.size());
   }

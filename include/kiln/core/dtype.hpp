@@ -19,6 +19,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #endif
+#if defined(__F16C__) && !defined(__CUDA_ARCH__)
+#include <immintrin.h>  // _cvtss_sh / _cvtsh_ss: IEEE half conversions in hardware (x86 F16C)
+#endif
 
 namespace kiln {
 
@@ -134,6 +137,8 @@ struct f16 {
     // Hardware for finite values; NaN goes the portable way so sign and payload survive.
     const float r = __half2float(__ushort_as_half(bits));
     if (r == r) return r;
+#elif defined(__F16C__)
+    if ((bits & 0x7c00u) != 0x7c00u || (bits & 0x3ffu) == 0) return _cvtsh_ss(bits);  // not NaN: exact in hardware
 #endif
     return detail::f16_bits_to_float(bits);
   }
@@ -149,6 +154,8 @@ struct f16 {
 #if defined(__CUDA_ARCH__)
     // The hardware conversion returns a canonical NaN without its sign; keep ours for NaN.
     if (x == x) return __half_as_ushort(__float2half_rn(x));
+#elif defined(__F16C__)
+    if (x == x) return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // round to nearest even
 #endif
     return detail::narrow_bits<5, 10, 8, 23>(detail::bits_of(x));
   }
@@ -182,7 +189,11 @@ struct bf16 {
 #if defined(__CUDA_ARCH__)
     if (x == x) return __bfloat16_as_ushort(__float2bfloat16_rn(x));
 #endif
-    return detail::narrow_bits<8, 7, 8, 23>(detail::bits_of(x));
+    const std::uint32_t u = detail::bits_of(x);
+    // Not NaN: round to nearest even in one add (a carry into the exponent is exactly the next
+    // binade, and past the largest finite value it is inf); NaN keeps its sign and payload.
+    if ((u & 0x7fffffffu) <= 0x7f800000u) return std::uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return detail::narrow_bits<8, 7, 8, 23>(u);
   }
 };
 

@@ -16,12 +16,17 @@
 //
 // The aux buffer's format belongs to the executor (cuBLASLt's ReLU aux is an opaque bit-mask):
 // size it with exec.act_aux_bytes<Act, T>(m, n) and hand it back unchanged to DAct and dact().
+//
+// T is the type of the GEMM's inputs and output (float, or bf16 / f16 under mixed precision:
+// products accumulate in float, the output is rounded once). The bias and its gradient are always
+// in compute_t<T> (float for the half types): they belong to the float master parameters.
 #pragma once
 
 #include <string>
 #include <type_traits>
 
 #include "kiln/config.hpp"
+#include "kiln/core/dtype.hpp"
 #include "kiln/expr/functors.hpp"
 
 namespace kiln {
@@ -32,7 +37,7 @@ inline constexpr bool is_identity_act_v = std::is_same_v<Act, fn::Identity>;
 // Forward epilogue. bias may be null (no bias); aux may be null only when Act is the identity.
 template <class Act, class T>
 struct BiasAct {
-  const T* bias = nullptr;
+  const compute_t<T>* bias = nullptr;
   void* aux = nullptr;
 };
 
@@ -43,14 +48,14 @@ template <class Act, class T>
 struct DAct {
   const void* aux = nullptr;
   const T* out = nullptr;
-  T* dbias = nullptr;
+  compute_t<T>* dbias = nullptr;
   bool add_dbias = false;
 };
 
 // Bias gradient from the A operand of the weight-gradient GEMM (A = dZ, transposed).
 template <class T>
 struct BGradA {
-  T* dbias = nullptr;
+  compute_t<T>* dbias = nullptr;
   bool add_dbias = false;
 };
 

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kiln/config.hpp"
@@ -33,6 +34,7 @@ struct LaunchRecord {
   std::string name;
   index_t elements = 0;
   std::size_t bytes = 0;
+  std::string region;  // the opaque region it ran in (nn::Opaque), empty outside one
 };
 
 class LaunchStats {
@@ -40,8 +42,12 @@ class LaunchStats {
   void count(const char* k, std::string_view name, index_t elements, std::size_t bytes) {
     ++total_;
     ++by_kind_[k];
-    if (recording_) records_.push_back({k, std::string(name), elements, bytes});
+    if (recording_) records_.push_back({k, std::string(name), elements, bytes, region_});
   }
+  // Launches recorded while a region is set carry its name (an opaque user function, for the
+  // report); regions do not nest (the inner one wins while it lasts).
+  const std::string& region() const { return region_; }
+  std::string set_region(std::string r) { return std::exchange(region_, std::move(r)); }
   std::size_t launches() const { return total_; }
   std::size_t launches(std::string_view k) const {
     auto it = by_kind_.find(std::string(k));
@@ -72,6 +78,7 @@ class LaunchStats {
   std::size_t total_ = 0;
   std::map<std::string, std::size_t> by_kind_;
   std::vector<LaunchRecord> records_;
+  std::string region_;
   bool recording_ = false;
 };
 

@@ -42,18 +42,21 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <utility>
 
 #include "kiln/backend/cuda/allocator.cuh"
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/backend/cuda/pinned.cuh"
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/data/batch_loader.hpp"
 #include "kiln/data/loader.hpp"
 
 namespace kiln::data {
 
 // One mini-batch in device memory: `size` rows of `dim` features, row-major and contiguous.
 struct DeviceBatch {
+  using space = kiln::cuda;        // where features and labels live
   float* features = nullptr;       // device, size × dim (nullptr when that is 0)
   std::int32_t* labels = nullptr;  // device, size
   index_t size = 0;
@@ -245,6 +248,27 @@ class DeviceLoader {
   bool started_ = false;
   index_t served_ = 0;
   std::chrono::steady_clock::duration wait_{};
+};
+
+// BatchLoader in device memory (kiln/data/batch_loader.hpp): a host Loader and a DeviceLoader
+// that uploads its batches for work on the executor's stream.
+template <>
+class BatchLoader<cuda> {
+ public:
+  template <class Exec>
+  BatchLoader(const Dataset& dataset, LoaderOptions options, Exec& exec)
+      : host_(dataset, std::move(options)), device_(host_, exec.stream()) {}
+  BatchLoader(Dataset&&, LoaderOptions, auto&) = delete;  // the loader keeps a pointer to the dataset
+
+  void start_epoch(index_t epoch) { device_.start_epoch(epoch); }
+  const DeviceBatch* next() { return device_.next(); }
+  index_t batches_per_epoch() const { return host_.batches_per_epoch(); }
+  index_t batch_size() const { return host_.batch_size(); }
+  double wait_seconds() const { return device_.wait_seconds(); }
+
+ private:
+  Loader host_;
+  DeviceLoader device_;
 };
 
 }  // namespace kiln::data

@@ -26,6 +26,7 @@
 #include <kiln/config.hpp>
 #include <kiln/core/error.hpp>
 #include <kiln/core/random.hpp>
+#include <kiln/core/space.hpp>
 #include <kiln/data/dataset.hpp>
 
 #include <algorithm>
@@ -46,6 +47,7 @@ namespace kiln::data {
 
 // One mini-batch: `size` rows of `dim` features, row-major and contiguous.
 struct Batch {
+  using space = kiln::host;        // where features and labels live
   std::span<float> features;       // size × dim
   std::span<std::int32_t> labels;  // size
   std::span<const index_t> rows;   // the dataset rows it holds, in batch order

@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "kiln/config.hpp"
+#include "kiln/core/dtype.hpp"
 
 namespace kiln::red {
 
@@ -81,5 +83,18 @@ struct ArgExtreme {
 };
 using ArgMax = ArgExtreme<true>;
 using ArgMin = ArgExtreme<false>;
+
+// Stores a finished reduction v into slot, or adds it to what slot holds (accumulate: a gradient's
+// later contribution), the sum taken in R's compute type.
+template <class R, class V>
+KILN_HOST_DEVICE void store(R& slot, const V& v, bool accumulate) {
+  if constexpr (std::is_arithmetic_v<V>) {
+    if (accumulate) {
+      slot = convert<R>(compute_t<R>(convert<compute_t<R>>(slot) + compute_t<R>(v)));
+      return;
+    }
+  }
+  slot = R(v);
+}
 
 }  // namespace kiln::red

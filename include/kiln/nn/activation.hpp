@@ -27,6 +27,7 @@
 //   kiln::fn::unary_functor — deriving from Activation<F> gives all of it.
 #pragma once
 
+#include <type_traits>
 #include <utility>
 
 #include "kiln/autograd/map.hpp"
@@ -52,10 +53,17 @@ struct Activation {
   static auto apply(E&& e) {
     return make_unary(F{}, std::forward<E>(e));
   }
+  // The result keeps x's type: a bf16 / f16 input (mixed precision) is computed in float and
+  // rounded as it is stored, in the same kernel.
   template <class Exec, class T, class S, index_t... D>
   auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) const {
-    return ag::map(tape, apply(x));
+    if constexpr (std::is_same_v<T, compute_t<T>>) return ag::map(tape, apply(x));
+    else return ag::map(tape, cast<T>(apply(x)));
   }
+  // Runs on bf16 / f16 activations (train::Step's mixed precisions).
+  static constexpr bool mixed_precision = true;
+  // Alone (not in a Linear's epilogue): one kernel each way.
+  static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
 };
 
 using ReLU = Activation<fn::Relu>;

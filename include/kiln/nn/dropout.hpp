@@ -379,6 +379,13 @@ class Dropout {
   std::uint64_t seed() const { return seed_; }
   std::uint64_t offset() const { return offset_; }
 
+  // In training mode one kernel each way (none at P = 0: the input passes through); none in eval
+  // mode. (Counted for the P in the type; set_p(0) at run time launches nothing.)
+  static constexpr Launches launches(const LaunchContext& c) {
+    if (!c.training || P == 0.0) return {0, 0};
+    return {1, c.input_grad ? 1 : 0};
+  }
+
   // "Dropout<0.1>" (and ", p = 0.3" after a set_p), for Sequential::describe().
   std::string describe() const {
     std::string out = "Dropout<" + shortest(P) + ">";

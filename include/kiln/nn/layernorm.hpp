@@ -220,6 +220,10 @@ class LayerNorm {
   const ag::Var<T, Space, N>& bias() const { return bias_; }
   double eps() const { return eps_; }
   static std::string describe() { return "LayerNorm<" + std::to_string(N) + ">"; }
+  // One row kernel forward; backward one row kernel for dx and one column kernel for the affine
+  // gradients.
+  static constexpr Launches launches(const LaunchContext& c) { return {1, (c.input_grad ? 1 : 0) + 1}; }
+  static constexpr index_t parameter_tensors = 2;
 
  private:
   static Tensor<T, Space, N> filled(T v) {

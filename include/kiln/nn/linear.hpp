@@ -12,7 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <type_traits>
 
 #include "kiln/autograd/linear.hpp"
 #include "kiln/autograd/map.hpp"
@@ -34,6 +36,9 @@ class Linear {
   static constexpr bool fuses_activation = true;
   using value_type = T;
   using space = Space;
+  // The layer's own type, or bf16 / f16 when T is float (mixed precision).
+  template <class X>
+  static constexpr bool accepts_input = std::is_same_v<X, T> || (kiln::detail::is_half_v<X> && std::is_same_v<T, float>);
   // The same layer with its parameters in another space (Sequential<...>::on<S> uses it).
   template <class S>
   using on = Linear<In, Out, Bias, T, S>;
@@ -43,27 +48,78 @@ class Linear {
   explicit Linear(Generator& gen) : weight_(init_weight(gen), true), bias_(init_bias(gen)) {}
   explicit Linear(std::uint64_t seed = 0) : Linear(lvalue(Generator(seed))) {}
 
-  // x [B, In] -> [B, Out]: ONE GEMM with a bias epilogue.
-  template <class Exec, index_t B, index_t I>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
+  // x [B, In] -> [B, Out]: ONE GEMM with a bias epilogue. x is T, or — under mixed precision —
+  // bf16 / f16: the GEMM then reads the weight's copy in x's type (refresh_low_copy) and the
+  // output is x's type; the weight, the bias and their gradients stay T.
+  template <class Exec, class X, index_t B, index_t I>
+    requires accepts_input<X>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, I>& x) const {
     return run<fn::Identity>(tape, x);
   }
 
   // act(x·Wᵀ + b) as ONE GEMM with a bias + activation epilogue; Act is an activation layer type
   // (one without a kiln::fn functor gets GEMM + ONE fused act(z + b) kernel instead).
-  template <class Act, class Exec, index_t B, index_t I>
-  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
+  template <class Act, class Exec, class X, index_t B, index_t I>
+    requires accepts_input<X>
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, I>& x) const {
     if constexpr (requires { typename Act::functor; }) {
       static_assert(fn::unary_functor<typename Act::functor>,
                     "kiln::nn::Linear::forward_fused<Act>: Act::functor must be a kiln::fn::unary_functor (a name, "
                     "operator() and its derivative d(); see kiln/nn/activation.hpp)");
       return run<typename Act::functor>(tape, x);
     } else {
+      static_assert(std::is_same_v<X, T>,
+                    "kiln::nn::Linear::forward_fused<Act>: under mixed precision an activation must name its "
+                    "functor (kiln::nn::Activation<F>)");
       const auto z = product(tape, x);
       if constexpr (Bias) return ag::map(tape, Act::apply(z + bias_));
       else return ag::map(tape, Act::apply(z));
     }
   }
+
+  // Mixed precision: the weight's values in L (bf16 or f16), rounded from the float master
+  // weight by ONE kernel. A training step calls it after every optimizer step (and at start), so
+  // the GEMMs of a bf16 / f16 forward read current weights.
+  template <class L, class Exec>
+  void refresh_low_copy(Exec& exec) const {
+    static_assert(std::is_same_v<L, bf16> || std::is_same_v<L, f16>, "kiln::nn::Linear: low copies are bf16 or f16");
+    auto& slot = low_slot<L>();
+    if (!slot) slot = std::make_shared<Tensor<L, Space, Out, In>>();
+    const index_t n = Out * In;
+    exec.for_each_element(1, n, detail::RoundCopy<T, L>{weight_.value().data(), slot->data()}, kind::copy,
+                          "round_weight", std::size_t(n) * (sizeof(T) + sizeof(L)));
+  }
+  // Whether a bf16 / f16 copy of the weight exists (refresh_low_copy<L> ran).
+  template <class L>
+  bool has_low_copy() const {
+    return low_slot<L>() != nullptr;
+  }
+
+  // Launches per forward and backward with the activation layer Act in the epilogue (one with a
+  // kiln::fn functor; fn::Identity's layer or none: plain). Fused: ONE GEMM forward; backward the
+  // weight-gradient GEMM (the bias gradient rides it or the activation's backward), the input-
+  // gradient GEMM when the input needs one, and ONE dact kernel unless the next GEMM took it.
+  // force_eager: GEMM, bias and activation one kernel each; backward the activation's kernel,
+  // the bias's (a pass and a column reduction), and the GEMMs.
+  template <class Act = void>
+  static constexpr Launches launches_fused(const LaunchContext& c) {
+    constexpr bool act = [] {
+      if constexpr (std::is_void_v<Act>) return false;
+      else return !is_identity_act_v<typename Act::functor>;
+    }();
+    const index_t dx = c.input_grad ? 1 : 0;
+    if (c.eager) return {1 + index_t(Bias) + index_t(act), index_t(act) + (Bias ? 2 : 0) + 1 + dx};
+    return {1, index_t(act && !c.folded) + 1 + dx};
+  }
+  static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
+  // Parameter tensors (weight, and bias when it has one).
+  static constexpr index_t parameter_tensors = Bias ? 2 : 1;
+  // Its input gradient is a GEMM that can carry the producer's activation backward (fold.hpp).
+  static constexpr bool takes_fold = true;
+  // Runs on bf16 / f16 inputs with float master parameters (train::Step's mixed precisions),
+  // keeping one low-precision copy (its weight).
+  static constexpr bool mixed_precision = true;
+  static constexpr index_t low_copies = 1;
 
   // "Linear<400, 256>" (", no bias" when it has none), for Sequential::describe().
   static std::string describe() {
@@ -101,16 +157,22 @@ class Linear {
     }
   }
 
-  template <class Exec, index_t B, index_t I>
-  void check_input(const ag::Var<T, Space, B, I>& x) const {
+  template <class Exec, class X, index_t B, index_t I>
+  void check_input(const ag::Var<X, Space, B, I>& x) const {
     KILN_CHECK(x.shape().rank == 2 && x.dim(1) == In, ShapeError, "Linear<", In, ", ", Out, ">: the input has shape ",
                x.shape().str(), "; its last size must be ", In);
   }
-  template <class Act, class Exec, index_t B, index_t I>
-  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
+  template <class Act, class Exec, class X, index_t B, index_t I>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, I>& x) const {
     check_input<Exec>(x);
-    if constexpr (Bias) return ag::linear<Act>(tape, x, weight_, bias_);
-    else return ag::linear<Act>(tape, x, weight_);
+    const X* low = nullptr;
+    if constexpr (!std::is_same_v<X, T>) {
+      KILN_CHECK(low_slot<X>() != nullptr, ValueError, "Linear<", In, ", ", Out, ">: a ", kiln::name(dtype_of<X>),
+                 " input needs the weight's ", kiln::name(dtype_of<X>), " copy; call refresh_low_copy (a train::Step does)");
+      low = low_slot<X>()->data();
+    }
+    if constexpr (Bias) return ag::linear<Act>(tape, x, weight_, bias_, low);
+    else return ag::linear<Act>(tape, x, weight_, low);
   }
   template <class Exec, index_t B, index_t I>
   auto product(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
@@ -118,8 +180,18 @@ class Linear {
     return ag::matmul(tape, x, weight_, false, true);
   }
 
+  template <class L>
+  auto& low_slot() const {
+    if constexpr (std::is_same_v<L, bf16>) return low_bf16_;
+    else return low_f16_;
+  }
+
   ag::Var<T, Space, Out, In> weight_;
   [[no_unique_address]] std::conditional_t<Bias, ag::Var<T, Space, Out>, std::nullptr_t> bias_;
+  // The weight in bf16 / f16 for mixed precision (shared like the parameters: a copied layer
+  // shares them), created by the first refresh_low_copy.
+  mutable std::shared_ptr<Tensor<bf16, Space, Out, In>> low_bf16_;
+  mutable std::shared_ptr<Tensor<f16, Space, Out, In>> low_f16_;
 };
 
 namespace detail {

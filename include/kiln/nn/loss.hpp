@@ -11,12 +11,15 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "kiln/core/tensor.hpp"
 #include "kiln/expr/math.hpp"
 #include "kiln/nn/module.hpp"
+#include "kiln/nn/softmax.hpp"
 #include "kiln/ops/reduce.hpp"
 
 namespace kiln::nn {
@@ -28,35 +31,37 @@ struct CrossEntropyOptions {
 
 namespace detail {
 
-// cross_entropy's kernels, as functors so that they run on every executor.
+// cross_entropy's kernels, as functors so that they run on every executor. The logits are T
+// (bf16 / f16 under mixed precision); everything is computed and kept in C = compute_t<T>.
 // Row r: its log-sum-exp (saved for backward) and its loss
 //   (1 - eps) * (lse - x_y) + eps * mean_c(lse - x_c);
 // a label outside [0, C) (only possible on a device, where labels are not checked) gives NaN.
 template <class T>
 struct CrossEntropyRows {
+  using C = compute_t<T>;
   const T* x;
   const std::int32_t* labels;
-  T* lse;
-  T* per_row;
+  C* lse;
+  C* per_row;
   index_t cols;
-  T on, eps;
+  C on, eps;
   KILN_HOST_DEVICE void operator()(index_t r, index_t) const {
     const T* xr = x + r * cols;
-    T m = cols > 0 ? xr[0] : T(0), sx = 0;
-    for (index_t c = 1; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
-    T se = 0;
+    C m = cols > 0 ? convert<C>(xr[0]) : C(0), sx = 0;
+    for (index_t c = 1; c < cols; ++c) m = convert<C>(xr[c]) > m ? convert<C>(xr[c]) : m;
+    C se = 0;
     for (index_t c = 0; c < cols; ++c) {
-      se += math::exp(xr[c] - m);
-      sx += xr[c];
+      se += math::exp(convert<C>(xr[c]) - m);
+      sx += convert<C>(xr[c]);
     }
-    const T l = m + math::log(se);
+    const C l = m + math::log(se);
     lse[r] = l;
     const std::int32_t y = labels[r];
     if (y < 0 || y >= cols) {
-      per_row[r] = std::numeric_limits<T>::quiet_NaN();
+      per_row[r] = std::numeric_limits<C>::quiet_NaN();
       return;
     }
-    per_row[r] = on * (l - xr[y]) + eps * (l - sx / T(cols));
+    per_row[r] = on * (l - convert<C>(xr[y])) + eps * (l - sx / C(cols));
   }
 };
 
@@ -76,18 +81,19 @@ struct CrossEntropySum {
 
 template <class T>
 struct CrossEntropyBackward {
+  using C = compute_t<T>;
   T* dx;
   const T* x;
-  const T* lse;
+  const C* lse;
   const std::int32_t* labels;
-  const T* g;  // the loss's gradient (one element, in the executor's space)
+  const C* g;  // the loss's gradient (one element, in the executor's space)
   index_t cols;
-  T scale, on, off;
+  C scale, on, off;
   bool add;
   KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
     const index_t i = r * cols + c;
-    const T target = (c == labels[r] ? on : T(0)) + off;
-    put_grad(dx[i], T(g[0] * scale * (math::exp(x[i] - lse[r]) - target)), add);
+    const C target = (c == labels[r] ? on : C(0)) + off;
+    put_grad(dx[i], C(g[0] * scale * (math::exp(convert<C>(x[i]) - lse[r]) - target)), add);
   }
 };
 
@@ -108,6 +114,40 @@ struct MseBackward {
   }
 };
 
+// nll_loss's kernels: row r's loss from log-probabilities, and the gradient of the log-probabilities.
+template <class T>
+struct NllRows {
+  const T* logp;
+  const std::int32_t* labels;
+  T* per_row;
+  index_t cols;
+  T on, eps;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t) const {
+    const T* lr = logp + r * cols;
+    const std::int32_t y = labels[r];
+    if (y < 0 || y >= cols) {
+      per_row[r] = std::numeric_limits<T>::quiet_NaN();
+      return;
+    }
+    T sum = 0;
+    for (index_t c = 0; c < cols; ++c) sum += lr[c];
+    per_row[r] = -(on * lr[y]) - eps * (sum / T(cols));
+  }
+};
+template <class T>
+struct NllBackward {
+  T* dx;
+  const std::int32_t* labels;
+  const T* g;
+  index_t cols;
+  T scale, on, off;
+  bool add;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
+    const T target = (c == labels[r] ? on : T(0)) + off;
+    put_grad(dx[r * cols + c], T(-g[0] * scale * target), add);
+  }
+};
+
 template <class I>
 struct CopyLabels {
   const I* src;
@@ -115,7 +155,67 @@ struct CopyLabels {
   KILN_HOST_DEVICE void operator()(index_t r, index_t) const { dst[r] = src[r]; }
 };
 
+// The labels of `rows` rows kept for backward, in the executor's space: copied and checked to be
+// in [0, cols) on the host, copied by a kernel on a device (not checked there: a bad label makes
+// its row's loss NaN).
+template <class Exec, class S>
+std::shared_ptr<Tensor<std::int32_t, S, dyn>> saved_labels(Exec& exec, const std::int32_t* labels, index_t rows,
+                                                           index_t cols, const char* op, const Shape& shape) {
+  KILN_CHECK(rows == 0 || labels != nullptr, ValueError, op, ": labels is null for ", rows, " rows");
+  auto saved = std::make_shared<Tensor<std::int32_t, S, dyn>>(Shape{rows});
+  if constexpr (std::is_same_v<S, host>) {
+    std::int32_t* dst = saved->data();
+    for (index_t r = 0; r < rows; ++r) {
+      const std::int32_t y = labels[r];
+      KILN_CHECK(y >= 0 && y < cols, ValueError, op, ": the label of row ", r, " is ", y, ", outside [0, ", cols,
+                 ") for ", op == std::string_view("nll_loss") ? "log-probabilities" : "logits", " of shape ",
+                 shape.str());
+      dst[r] = y;
+    }
+  } else {
+    exec.for_each_element(rows, 1, CopyLabels<std::int32_t>{labels, saved->data()}, kind::copy,
+                          std::string(op) + "_labels", std::size_t(rows) * sizeof(std::int32_t) * 2);
+  }
+  return saved;
+}
+
 }  // namespace detail
+
+// The negative log-likelihood of log-probabilities [B, C] (log_softmax's output) against integer
+// labels, with cross_entropy's options: forward ONE row kernel (and the rows' sum, as
+// cross_entropy), backward ONE kernel. cross_entropy on a force_eager tape is
+// nll_loss(log_softmax(logits)), as an unfused framework runs it.
+template <class Exec, class T, class S, index_t B, index_t C>
+ag::Var<T, S> nll_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logp, const std::int32_t* labels,
+                       CrossEntropyOptions options = {}) {
+  const index_t rows = logp.dim(0), cols = logp.dim(1);
+  const double eps = options.label_smoothing;
+  KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "nll_loss: label_smoothing must be in [0, 1], got ", eps);
+  auto saved = detail::saved_labels<Exec, S>(tape.exec(), labels, rows, cols, "nll_loss", logp.shape());
+  const bool mean = options.reduction == loss_reduction::mean;
+  const T scale = mean ? T(1) / T(rows > 0 ? rows : 1) : T(1);
+  const T on = T(1.0 - eps), off = T(eps / double(cols > 0 ? cols : 1));
+  auto per_row = std::make_shared<Tensor<T, S, dyn>>(Shape{rows});
+  const std::size_t bytes = std::size_t(rows * cols) * sizeof(T);
+  tape.exec().for_each_element(rows, 1, detail::NllRows<T>{logp.value().data(), saved->data(), per_row->data(), cols, on, T(eps)},
+                               kind::loss, "nll_loss", bytes);
+  ag::Var<T, S> out(Tensor<T, S>{});
+  const detail::CrossEntropySum<T> total{per_row->data(), out.value().data(), rows, scale};
+  if constexpr (std::is_same_v<S, host>) total(0, 0);
+  else tape.exec().for_each_element(1, 1, total, kind::loss, "nll_loss_sum", std::size_t(rows) * sizeof(T));
+  if (!logp.requires_grad() || !tape.recording()) return out;
+  out.set_requires_grad(true);
+  tape.record(out, {logp.data()}, [xd = logp.data(), saved, rows, cols, scale, on, off, bytes](Exec& exec, auto& od) {
+    if (!od.grad_valid || !xd->requires_grad) return;
+    const bool add = xd->grad_valid;
+    T* dx = xd->ensure_grad();
+    exec.for_each_element(rows, cols,
+                          detail::NllBackward<T>{dx, saved->data(), od.grad.data(), cols, scale, on, off, add},
+                          kind::loss, "nll_loss_backward", bytes * 2);
+    xd->grad_valid = true;
+  });
+  return out;
+}
 
 // Cross-entropy of logits [B, C] against integer class labels (B of them, each in [0, C)).
 // Forward is ONE row kernel (exec.for_each_element(B, 1, ...)); the rows' mean or sum is taken
@@ -127,41 +227,31 @@ struct CopyLabels {
 //   row's loss, and so the loss, NaN).
 // throws: ValueError naming the first row whose label is outside [0, C) (host), or a bad
 //   smoothing.
+// Logits in bf16 / f16 (mixed precision): read as they are, everything else — the log-sum-exp,
+// the loss (the result is a float variable) — in float; the logits' gradient is stored in their type.
 template <class Exec, class T, class S, index_t B, index_t C>
-ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits, const std::int32_t* labels,
-                            CrossEntropyOptions options = {}) {
+ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
+                                       const std::int32_t* labels, CrossEntropyOptions options = {}) {
+  using F = compute_t<T>;
   const index_t rows = logits.dim(0), cols = logits.dim(1);
   const double eps = options.label_smoothing;
   KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "cross_entropy: label_smoothing must be in [0, 1], got ", eps);
-  KILN_CHECK(rows == 0 || labels != nullptr, ValueError, "cross_entropy: labels is null for ", rows, " rows");
-  using Labels = Tensor<std::int32_t, S, dyn>;
-  auto saved_labels = std::make_shared<Labels>(Shape{rows});
-  if constexpr (std::is_same_v<S, host>) {
-    std::int32_t* dst = saved_labels->data();
-    for (index_t r = 0; r < rows; ++r) {
-      const std::int32_t y = labels[r];
-      KILN_CHECK(y >= 0 && y < cols, ValueError, "cross_entropy: the label of row ", r, " is ", y,
-                 ", outside [0, ", cols, ") for logits of shape ", logits.shape().str());
-      dst[r] = y;
-    }
-  } else {
-    tape.exec().for_each_element(rows, 1, detail::CopyLabels<std::int32_t>{labels, saved_labels->data()}, kind::copy,
-                                 "cross_entropy_labels", std::size_t(rows) * sizeof(std::int32_t) * 2);
-  }
+  if (tape.force_eager()) return nll_loss(tape, log_softmax(tape, logits), labels, options);
+  auto saved_labels = detail::saved_labels<Exec, S>(tape.exec(), labels, rows, cols, "cross_entropy", logits.shape());
   const bool mean = options.reduction == loss_reduction::mean;
-  const T scale = mean ? T(1) / T(rows > 0 ? rows : 1) : T(1);
-  const T on = T(1.0 - eps), off = T(eps / double(cols > 0 ? cols : 1));
+  const F scale = mean ? F(1) / F(rows > 0 ? rows : 1) : F(1);
+  const F on = F(1.0 - eps), off = F(eps / double(cols > 0 ? cols : 1));
   // [0, rows): each row's log-sum-exp (kept for backward); [rows, 2 rows): each row's loss.
-  auto lse = std::make_shared<Tensor<T, S, dyn>>(Shape{2 * rows});
-  T* LSE = lse->data();
+  auto lse = std::make_shared<Tensor<F, S, dyn>>(Shape{2 * rows});
+  F* LSE = lse->data();
   const std::size_t bytes = std::size_t(rows * cols) * sizeof(T);
   tape.exec().for_each_element(
-      rows, 1, detail::CrossEntropyRows<T>{logits.value().data(), saved_labels->data(), LSE, LSE + rows, cols, on, T(eps)},
+      rows, 1, detail::CrossEntropyRows<T>{logits.value().data(), saved_labels->data(), LSE, LSE + rows, cols, on, F(eps)},
       kind::loss, "cross_entropy", bytes);
-  ag::Var<T, S> out(Tensor<T, S>{});
-  const detail::CrossEntropySum<T> total{LSE + rows, out.value().data(), rows, scale};
+  ag::Var<F, S> out(Tensor<F, S>{});
+  const detail::CrossEntropySum<F> total{LSE + rows, out.value().data(), rows, scale};
   if constexpr (std::is_same_v<S, host>) total(0, 0);
-  else tape.exec().for_each_element(1, 1, total, kind::loss, "cross_entropy_sum", std::size_t(rows) * sizeof(T));
+  else tape.exec().for_each_element(1, 1, total, kind::loss, "cross_entropy_sum", std::size_t(rows) * sizeof(F));
   if (!logits.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
   tape.record(out, {logits.data()},
@@ -180,7 +270,7 @@ ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& log
 
 // Labels in a tensor of B integers (any rank, row-major) in the logits' space.
 template <class Exec, class T, class S, index_t B, index_t C, class LS, index_t... LD>
-ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
+ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
                             const Tensor<std::int32_t, LS, LD...>& labels, CrossEntropyOptions options = {}) {
   static_assert(std::is_same_v<LS, S>, "kiln::nn::cross_entropy: the labels must be in the logits' memory space");
   KILN_CHECK(labels.size() == logits.dim(0), ShapeError, "cross_entropy: ", labels.size(),
@@ -191,8 +281,8 @@ ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& log
 // Labels as a span of B integers in the executor's space — a data::Batch's `labels`, a
 // std::vector (host), or a device span on CUDA. The span's size is checked against the rows.
 template <class Exec, class T, class S, index_t B, index_t C>
-ag::Var<T, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
-                            std::span<const std::int32_t> labels, CrossEntropyOptions options = {}) {
+ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
+                                       std::span<const std::int32_t> labels, CrossEntropyOptions options = {}) {
   KILN_CHECK(index_t(labels.size()) == logits.dim(0), ShapeError, "cross_entropy: ", labels.size(),
              " labels for logits of shape ", logits.shape().str(), "; need one label per row");
   return cross_entropy(tape, logits, labels.data(), options);

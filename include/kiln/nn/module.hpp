@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <type_traits>
 #include <utility>
@@ -65,6 +66,35 @@ Parameter<T> parameter_of(const ag::Var<T, S, D...>& v) {
   if (!d.grad_valid) space_ops<S>::zero(g, d.value.size());
   return {d.value.data(), g, d.value.size(), &d};
 }
+
+// ---- launch counts known at compile time ------------------------------------------------------
+// What a layer launches per forward and per backward (kernels and library calls, as the
+// executor counts them), so a model's kernels per training step are a constexpr value
+// (Sequential::launches, kiln/train/launches.hpp). A layer gives
+//   static constexpr nn::Launches launches(const nn::LaunchContext&)
+// and a Linear that runs a following activation in its epilogue also launches_fused<Act>(ctx).
+struct LaunchContext {
+  bool eager = false;       // stance::force_eager: every node its own kernel, no GEMM epilogues
+  bool device = false;      // a device executor (some reductions take a kernel there, not a host loop)
+  bool training = true;     // train mode (dropout draws masks)
+  bool input_grad = false;  // the layer's input needs a gradient (an earlier layer has parameters)
+  bool folded = false;      // a following GEMM takes this layer's activation backward (ag::linear's fold)
+};
+struct Launches {
+  index_t forward = 0;
+  index_t backward = 0;
+  constexpr index_t total() const { return forward + backward; }
+  constexpr Launches& operator+=(const Launches& o) {
+    forward += o.forward;
+    backward += o.backward;
+    return *this;
+  }
+  constexpr bool operator==(const Launches&) const = default;
+};
+template <class L>
+concept counts_launches = requires(const LaunchContext& c) {
+  { L::launches(c) } -> std::same_as<Launches>;
+};
 
 // ---- layer traits ----------------------------------------------------------------------------
 // A layer's first size (what its input's last dimension must be) and its output size; `dyn`
@@ -140,10 +170,21 @@ void launch_lines(Exec& exec, index_t n, index_t len, const F& f, const char* na
   }
 }
 
-// Writes v to the gradient slot, or adds it when the gradient already holds a contribution.
-template <class T>
-KILN_HOST_DEVICE void put_grad(T& slot, T v, bool add) {
-  slot = add ? T(slot + v) : v;
+// dst[i] = src[i] rounded to L (one work item per element): a weight's or a batch's copy in bf16 /
+// f16 for mixed precision.
+template <class T, class L>
+struct RoundCopy {
+  const T* src;
+  L* dst;
+  KILN_HOST_DEVICE void operator()(index_t, index_t i) const { dst[i] = convert<L>(src[i]); }
+};
+
+// Writes v to the gradient slot, or adds it when the gradient already holds a contribution; the
+// sum is taken in T's compute type and rounded once into a half-precision slot.
+template <class T, class V>
+KILN_HOST_DEVICE void put_grad(T& slot, V v, bool add) {
+  using C = compute_t<T>;
+  slot = add ? convert<T>(C(convert<C>(slot) + convert<C>(v))) : convert<T>(v);
 }
 
 }  // namespace detail

@@ -67,6 +67,39 @@ struct activation_layer_ok<Layer> {
   static constexpr bool value = true;
 };
 
+// Parameter tensors of a layer (0 when it does not say: layers without parameters).
+template <class L>
+constexpr index_t parameter_tensors_of() {
+  if constexpr (requires { L::parameter_tensors; }) return L::parameter_tensors;
+  else return 0;
+}
+// Whether a layer computes its input's gradient with a GEMM that can take the producer's
+// activation backward (autograd/fold.hpp): a Linear, or a model that starts with one.
+template <class L>
+constexpr bool takes_fold_of() {
+  if constexpr (requires { L::takes_fold; }) return L::takes_fold;
+  else return false;
+}
+template <class L>
+constexpr bool mixed_precision_of() {
+  if constexpr (requires { L::mixed_precision; }) return bool(L::mixed_precision);
+  else return false;
+}
+template <class L>
+constexpr bool opaque_of() {
+  if constexpr (requires { L::is_opaque; }) return bool(L::is_opaque);
+  else return false;
+}
+template <class L>
+constexpr index_t low_copies_of() {
+  if constexpr (requires { L::low_copies; }) return L::low_copies;
+  else return 0;
+}
+template <class L>
+constexpr bool has_functor() {
+  return requires { typename L::functor; };
+}
+
 // A layer's one-line description: its describe() when it has one, else "layer".
 template <class L>
 std::string describe_layer(const L& l) {
@@ -162,6 +195,39 @@ class Sequential {
 
   static constexpr bool fuses_next(std::size_t i) { return i + 1 < N && fusable_[i] && acts_[i + 1]; }
 
+  static constexpr std::array<index_t, N> tensors_{detail::parameter_tensors_of<Layers>()...};
+  static constexpr std::array<bool, N> takes_fold_{detail::takes_fold_of<Layers>()...};
+  // Whether layer i's input needs a gradient: the model's input does, or an earlier layer has
+  // parameters.
+  static constexpr bool input_grad(std::size_t i, bool model_input_grad) {
+    for (std::size_t j = 0; j < i; ++j)
+      if (tensors_[j] > 0) return true;
+    return model_input_grad;
+  }
+  template <std::size_t I>
+  static constexpr Launches layer_launches(LaunchContext base) {
+    using L = std::tuple_element_t<I, std::tuple<Layers...>>;
+    LaunchContext c = base;
+    c.input_grad = input_grad(I, base.input_grad);
+    c.folded = false;
+    if constexpr (I > 0 && fuses_next(I - 1)) {
+      return {};  // counted with the Linear whose epilogue runs it
+    } else if constexpr (fuses_next(I)) {
+      // The activation's backward rides the GEMM that computes the gradient of its output: the
+      // next layer's input-gradient GEMM (ag::linear's fold), when there is one.
+      c.folded = !base.eager && I + 2 < N && takes_fold_[I + 2 < N ? I + 2 : 0];
+      return L::template launches_fused<std::tuple_element_t<I + 1, std::tuple<Layers...>>>(c);
+    } else {
+      return L::launches(c);
+    }
+  }
+  template <std::size_t... I>
+  static constexpr Launches launches_impl(LaunchContext c, std::index_sequence<I...>) {
+    Launches total{};
+    ((total += layer_launches<I>(c)), ...);
+    return total;
+  }
+
  public:
   // The element type of the first layer that has one (float for a model without parameters).
   using value_type = typename std::conditional_t<
@@ -240,6 +306,47 @@ class Sequential {
     return t;
   }
 
+  // Whether every layer says what it launches (nn::counts_launches; a Linear's fused activation
+  // must name its functor), so launches() is exact.
+  static constexpr bool counts_launches = ((nn::counts_launches<Layers> && ...) && [] {
+    bool ok = true;
+    std::size_t i = 0;
+    ((ok = ok && (!(i > 0 && fuses_next(i - 1)) || detail::has_functor<Layers>()), ++i), ...);
+    return ok;
+  }());
+  // Parameter tensors over all layers (what an unfused optimizer launches kernels per).
+  static constexpr index_t parameter_tensors = (detail::parameter_tensors_of<Layers>() + ... + 0);
+  // Whether a GEMM computes this model's input gradient (its first layer is a Linear).
+  static constexpr bool takes_fold = N > 0 && takes_fold_[0];
+  // Whether every layer runs on bf16 / f16 activations (say `mixed_precision = true`): Linear and
+  // the activations today.
+  static constexpr bool mixed_precision = (detail::mixed_precision_of<Layers>() && ... && true);
+  // Whether a layer is an opaque user function (nn::Opaque), a boundary kiln does not fuse across.
+  static constexpr bool has_opaque = (detail::opaque_of<Layers>() || ... || false);
+  static constexpr bool is_opaque = has_opaque;  // as a layer of an enclosing model
+  // Low-precision weight copies refresh_low_copies keeps (one kernel each).
+  static constexpr index_t low_copies = (detail::low_copies_of<Layers>() + ... + 0);
+
+  // Mixed precision: every Linear's weight copy in L (bf16 or f16), rounded from its float master
+  // weight — one kernel per layer. train::Step calls it at start and after each optimizer step.
+  template <class L, class Exec>
+  void refresh_low_copies(Exec& exec) const {
+    std::apply([&](const auto&... l) { (refresh_one<L>(l, exec), ...); }, layers_);
+  }
+  template <class L, class Exec>
+  void refresh_low_copy(Exec& exec) const {  // as a layer of an enclosing model
+    refresh_low_copies<L>(exec);
+  }
+
+  // Launches of one forward and one backward in context c (c.input_grad: whether the model's own
+  // input needs a gradient; a batch of data does not), as the executor will count them.
+  static constexpr Launches launches(const LaunchContext& c) {
+    static_assert(counts_launches,
+                  "kiln::nn::Sequential::launches: a layer does not say what it launches (give it "
+                  "`static constexpr nn::Launches launches(const nn::LaunchContext&)`, see kiln/nn/module.hpp)");
+    return launches_impl(c, std::index_sequence_for<Layers...>{});
+  }
+
   index_t parameter_count() const {
     index_t n = 0;
     for_each_parameter([&](const auto& v) { n += v.value().size(); });
@@ -307,6 +414,11 @@ class Sequential {
       out += detail::describe_layer(std::get<i>(layers_));
     };
     (one(std::integral_constant<std::size_t, I>{}), ...);
+  }
+
+  template <class L, class Layer, class Exec>
+  static void refresh_one(const Layer& l, Exec& exec) {
+    if constexpr (requires { l.template refresh_low_copy<L>(exec); }) l.template refresh_low_copy<L>(exec);
   }
 
   template <class L, class F>

@@ -33,52 +33,61 @@ KILN_HOST_DEVICE T row_max(const T* xr, index_t cols) {
   return b > a ? b : a;
 }
 
+// x in T (bf16 / f16 under mixed precision); y, and all arithmetic, in C = compute_t<T>.
 template <bool Log, class T>
 struct SoftmaxRows {
+  using C = compute_t<T>;
   const T* x;
-  T* y;
+  C* y;
   index_t cols;
   KILN_HOST_DEVICE void operator()(index_t r, index_t) const {
     const T* xr = x + r * cols;
-    T* yr = y + r * cols;
-    const T m = row_max(xr, cols);
-    T sum = 0;
-    for (index_t c = 0; c < cols; ++c) sum += math::exp(xr[c] - m);
-    if constexpr (Log) {
-      const T lse = m + math::log(sum);
-      for (index_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
+    C* yr = y + r * cols;
+    C m;
+    if constexpr (std::is_same_v<T, C>) {
+      m = row_max(xr, cols);
     } else {
-      const T inv = T(1) / sum;
-      for (index_t c = 0; c < cols; ++c) yr[c] = math::exp(xr[c] - m) * inv;
+      m = cols > 0 ? convert<C>(xr[0]) : C(0);
+      for (index_t c = 1; c < cols; ++c) m = convert<C>(xr[c]) > m ? convert<C>(xr[c]) : m;
+    }
+    C sum = 0;
+    for (index_t c = 0; c < cols; ++c) sum += math::exp(convert<C>(xr[c]) - m);
+    if constexpr (Log) {
+      const C lse = m + math::log(sum);
+      for (index_t c = 0; c < cols; ++c) yr[c] = convert<C>(xr[c]) - lse;
+    } else {
+      const C inv = C(1) / sum;
+      for (index_t c = 0; c < cols; ++c) yr[c] = math::exp(convert<C>(xr[c]) - m) * inv;
     }
   }
 };
 
 template <bool Log, class T>
 struct SoftmaxBackwardRows {
+  using C = compute_t<T>;
   T* dx;
-  const T* g;
-  const T* y;
+  const C* g;
+  const C* y;
   index_t cols;
   bool add;
   KILN_HOST_DEVICE void operator()(index_t r, index_t) const {
-    const T* gr = g + r * cols;
-    const T* yr = y + r * cols;
+    const C* gr = g + r * cols;
+    const C* yr = y + r * cols;
     T* dr = dx + r * cols;
-    T dot = 0;
+    C dot = 0;
     if constexpr (Log) {
       for (index_t c = 0; c < cols; ++c) dot += gr[c];
-      for (index_t c = 0; c < cols; ++c) put_grad(dr[c], T(gr[c] - math::exp(yr[c]) * dot), add);
+      for (index_t c = 0; c < cols; ++c) put_grad(dr[c], C(gr[c] - math::exp(yr[c]) * dot), add);
     } else {
       for (index_t c = 0; c < cols; ++c) dot += gr[c] * yr[c];
-      for (index_t c = 0; c < cols; ++c) put_grad(dr[c], T(yr[c] * (gr[c] - dot)), add);
+      for (index_t c = 0; c < cols; ++c) put_grad(dr[c], C(yr[c] * (gr[c] - dot)), add);
     }
   }
 };
 
 template <bool Log, class Exec, class T, class S, index_t... D>
-ag::Var<T, S, D...> softmax_op(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {
-  using V = ag::Var<T, S, D...>;
+ag::Var<compute_t<T>, S, D...> softmax_op(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {
+  using V = ag::Var<compute_t<T>, S, D...>;
   const Shape s = x.shape();
   const index_t rows = s.rows(), cols = s.cols();
   V out{typename V::tensor_type(s)};
@@ -99,15 +108,16 @@ ag::Var<T, S, D...> softmax_op(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& 
 }
 }  // namespace detail
 
-// log(softmax(x)) over the last axis; the result has x's type and shape.
+// log(softmax(x)) over the last axis; the result has x's shape and x's type (float for a bf16 /
+// f16 x: softmax runs in float under mixed precision, as PyTorch's autocast runs it).
 template <class Exec, class T, class S, index_t... D>
-ag::Var<T, S, D...> log_softmax(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {
+ag::Var<compute_t<T>, S, D...> log_softmax(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {
   return detail::softmax_op<true>(tape, x);
 }
 
-// exp(x - max) / sum(exp(x - max)) over the last axis; the result has x's type and shape.
+// exp(x - max) / sum(exp(x - max)) over the last axis; shape and type as log_softmax.
 template <class Exec, class T, class S, index_t... D>
-ag::Var<T, S, D...> softmax(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {
+ag::Var<compute_t<T>, S, D...> softmax(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {
   return detail::softmax_op<false>(tape, x);
 }
 

@@ -9,13 +9,14 @@
 #pragma once
 
 #include <cmath>
+#include <string_view>
 
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::optim {
 
-enum class BatchScaling { linear, sqrt };
+enum class BatchScaling { none, linear, sqrt };
 
 namespace detail {
 inline void check_batch_scaling(double base_lr, index_t base_batch, index_t batch, const char* fn) {
@@ -38,10 +39,22 @@ inline double sqrt_scaling(double base_lr, index_t base_batch, index_t batch) {
   return base_lr * std::sqrt(double(batch) / double(base_batch));
 }
 
-// The rule chosen at run time (a command-line flag, a config file).
+// The rule chosen at run time (a command-line flag, a config file); none keeps base_lr.
 inline double scale_lr(BatchScaling rule, double base_lr, index_t base_batch, index_t batch) {
+  if (rule == BatchScaling::none) {
+    detail::check_batch_scaling(base_lr, base_batch, batch, "scale_lr");
+    return base_lr;
+  }
   return rule == BatchScaling::linear ? linear_scaling(base_lr, base_batch, batch)
                                       : sqrt_scaling(base_lr, base_batch, batch);
+}
+
+// The rule named "none", "linear" or "sqrt"; another name is a ValueError listing them.
+inline BatchScaling batch_scaling(std::string_view name) {
+  if (name == "none") return BatchScaling::none;
+  if (name == "linear") return BatchScaling::linear;
+  KILN_CHECK(name == "sqrt", ValueError, "unknown batch scaling rule \"", name, "\"; the rules are none, linear and sqrt");
+  return BatchScaling::sqrt;
 }
 
 }  // namespace kiln::optim

@@ -11,11 +11,15 @@
 //   kiln::optim::ParamTable table;
 //   table.add(w.data(), dw.data(), w.size());
 //   table.add(b.data(), db.data(), b.size());
-//   kiln::optim::AdamW opt(table, {.lr = 1e-3});
+//   kiln::optim::AdamW opt(table, {.lr = 1e-3});   // from a table: AdamW<kiln::host>
 //   kiln::optim::AdamW both(encoder.param_table() + head.param_table(), {});  // tables concatenate
+//   kiln::optim::AdamW from_model(model, {});      // AdamW<Model::space> over model.param_table()
+// A table does not know its memory space: over device pointers write AdamW<kiln::cuda>(table, ...)
+// or build the optimizer from the model.
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <initializer_list>
 #include <vector>
@@ -24,6 +28,7 @@
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/stats.hpp"
+#include "kiln/core/view.hpp"
 
 namespace kiln::optim {
 
@@ -121,6 +126,35 @@ class ParamTable {
  private:
   std::vector<ParamSlot> slots_;
   std::vector<index_t> offsets_{0};  // count() + 1 entries: offsets_[k] .. offsets_[k + 1] is slot k
+};
+
+// A step's guard (PyTorch's GradScaler.step skipping optimizer.step on inf/NaN gradients):
+// found_inf points at one float in the optimizer's memory space (device memory for a CUDA
+// optimizer), written by whatever checked the gradients earlier on the same stream. When it
+// holds a non-zero value as the update runs, opt.step(exec, guard) changes nothing: values,
+// state buffers, per-parameter step counts and momentum-buffer starts stay bit for bit. The
+// fused CUDA step decides this on the device (no host synchronisation); the CPU and every
+// force_eager step read it on the host. nullptr: the step always runs.
+struct StepGuard {
+  const float* found_inf = nullptr;
+};
+
+namespace detail {
+// Whether a guard skips this step, read on the host (a host optimizer's flag is host memory).
+inline bool host_guard_skips(const StepGuard& guard) { return guard.found_inf != nullptr && *guard.found_inf != 0.0f; }
+
+// A parameter (or its piece of a state buffer) as a 1-D view, for the force_eager updates.
+template <class S, class T>
+using FlatView = View<T, S, extents<dyn>>;
+}  // namespace detail
+
+// What an optimizer can be built from besides a ParamTable: a model with param_table() and a
+// memory space (kiln::nn::Sequential, or anything shaped like it). The optimizer's space is the
+// model's: optim::AdamW opt(model, {}) is an AdamW<Model::space>.
+template <class M>
+concept param_model = requires(const M& m) {
+  typename M::space;
+  { m.param_table() } -> std::convertible_to<ParamTable>;
 };
 
 // Elements in the slots that hold a gradient now (the work of a step).

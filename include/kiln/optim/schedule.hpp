@@ -121,6 +121,8 @@ class WarmupCosineLr {
     if (step >= total_) return min_lr_;
     return detail::anneal_cos(base_lr_, min_lr_, double(step - warmup_) / double(total_ - warmup_));
   }
+  // The steps the schedule is written for (a training step checks its run makes as many).
+  index_t total_steps() const { return total_; }
 
  private:
   index_t warmup_, total_;

@@ -5,17 +5,24 @@
 //   buf = first step with momentum ? d : momentum * buf + (1 - dampening) * d
 //   d = nesterov ? d + momentum * buf : buf          (only when momentum != 0)
 //   p -= lr * d
-// One step() is one fused loop over every parameter in the table. A parameter without a gradient
-// this step (ParamSlot::has_grad false) is skipped, value and buffer untouched, and its buffer
-// starts on the first step where it has one — PyTorch's per-parameter state.
+// A parameter without a gradient this step (ParamSlot::has_grad false) is skipped, value and
+// buffer untouched, and its buffer starts on the first step where it has one — PyTorch's
+// per-parameter state.
 //
-//   kiln::optim::Sgd opt(table, {.lr = 0.1, .momentum = 0.9, .nesterov = true});
+// optim::SGD<Space> is one API for every memory space: SGD<kiln::host> here, SGD<kiln::cuda> in
+// kiln/optim/cuda_step.cuh (nvcc translation units). Built from a table it is a host optimizer;
+// built from a model (optim::param_model) it takes the model's space and param_table().
+//   opt.step(exec)                                   one fused loop (one kernel on a device)
+//   opt.step(exec, {.found_inf = flag})              a no-op when *flag != 0 (optim::StepGuard)
+//   opt.template step<kiln::stance::force_eager>(exec)   kiln expressions, tensor by tensor
+//
+//   kiln::optim::SGD opt(table, {.lr = 0.1, .momentum = 0.9, .nesterov = true});
 //   opt.step(exec);
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -24,8 +31,13 @@
 #include "kiln/backend/cpu/executor.hpp"
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/space.hpp"
 #include "kiln/core/stats.hpp"
+#include "kiln/core/view.hpp"
+#include "kiln/expr/assign.hpp"
+#include "kiln/expr/elementwise.hpp"
 #include "kiln/optim/param.hpp"
+#include "kiln/policy/stance.hpp"
 
 namespace kiln::optim {
 
@@ -59,9 +71,42 @@ KILN_HOST_DEVICE float sgd_grad(float p, float g, const SgdParams& h) {
   if (h.weight_decay != 0.0f) g = g + h.weight_decay * p;
   return g;
 }
-// Which parameters take part in a step and whose momentum buffer has started, shared by Sgd and
-// CudaSgd: PyTorch keeps state["momentum_buffer"] per parameter and creates it on the first step
-// where that parameter has a gradient.
+}  // namespace detail
+
+// One element of an SGD step without momentum (h.momentum == 0).
+KILN_HOST_DEVICE void sgd_update(float& p, float g, const SgdParams& h) { p = p - h.lr * detail::sgd_grad(p, g, h); }
+
+// One element of an SGD step with momentum (h.momentum != 0); buf is its momentum buffer,
+// overwritten with the gradient on the first step (h.init_buffer).
+KILN_HOST_DEVICE void sgd_update(float& p, float g, float& buf, const SgdParams& h) {
+  const float d = detail::sgd_grad(p, g, h);
+  buf = h.init_buffer ? d : buf * h.momentum + h.one_minus_dampening * d;
+  p = p - h.lr * (h.nesterov ? d + h.momentum * buf : buf);
+}
+
+namespace detail {
+
+inline SgdParams sgd_params(const SgdOptions& o) {
+  return {float(o.lr), float(o.momentum), float(1.0 - o.dampening), float(o.weight_decay), o.nesterov, o.maximize,
+          false};
+}
+
+// The checks torch.optim.SGD makes, each naming its argument. `!(x >= 0)` also rejects NaN.
+inline void check_sgd(const SgdOptions& o) {
+  KILN_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ValueError, "SGD: lr must be finite and >= 0, got ", o.lr);
+  KILN_CHECK(std::isfinite(o.momentum) && o.momentum >= 0.0, ValueError, "SGD: momentum must be finite and >= 0, got ",
+             o.momentum);
+  KILN_CHECK(std::isfinite(o.dampening), ValueError, "SGD: dampening must be finite, got ", o.dampening);
+  KILN_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0, ValueError,
+             "SGD: weight_decay must be finite and >= 0, got ", o.weight_decay);
+  KILN_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0), ValueError,
+             "SGD: nesterov needs momentum > 0 and dampening == 0, got momentum ", o.momentum, " and dampening ",
+             o.dampening);
+}
+
+// Which parameters take part in a step and whose momentum buffer has started (PyTorch keeps
+// state["momentum_buffer"] per parameter and creates it on the first step where that parameter
+// has a gradient). The host's record on the CPU; on CUDA a mirror of the device's.
 class SgdSlots {
  public:
   explicit SgdSlots(index_t count) : active_(std::size_t(count), 0), has_buffer_(std::size_t(count), 0) {}
@@ -79,68 +124,120 @@ class SgdSlots {
   void mark_buffers() {
     for (std::size_t k = 0; k < active_.size(); ++k) has_buffer_[k] = has_buffer_[k] || active_[k];
   }
-  // When one SgdParams serves every non-empty slot (all updated, their buffers all started or
-  // all starting now): its init_buffer. Empty when the slots differ.
-  std::optional<bool> uniform_init_buffer(const ParamTable& table, bool use_buffer) const {
-    std::optional<bool> init;
-    for (index_t k = 0; k < table.count(); ++k) {
-      if (table[k].size == 0) continue;
-      if (!active(k)) return std::nullopt;
-      const bool starts = use_buffer && !has_buffer(k);
-      if (init && *init != starts) return std::nullopt;
-      init = starts;
-    }
-    return init.value_or(false);  // false when no slot holds elements (nothing launches)
+  bool any_active() const {
+    for (char a : active_)
+      if (a) return true;
+    return false;
   }
   bool active(index_t k) const { return active_[std::size_t(k)] != 0; }
   bool has_buffer(index_t k) const { return has_buffer_[std::size_t(k)] != 0; }
+  // One byte per parameter, 1 where its buffer has started (the device's layout too).
+  std::vector<char>& buffer_bits() { return has_buffer_; }
 
  private:
   std::vector<char> active_, has_buffer_;  // char, not vector<bool>: threads read them side by side
 };
 
-}  // namespace detail
-
-// One element of an SGD step without momentum (h.momentum == 0).
-KILN_HOST_DEVICE void sgd_update(float& p, float g, const SgdParams& h) { p = p - h.lr * detail::sgd_grad(p, g, h); }
-
-// One element of an SGD step with momentum (h.momentum != 0); buf is its momentum buffer,
-// overwritten with the gradient on the first step (h.init_buffer).
-KILN_HOST_DEVICE void sgd_update(float& p, float g, float& buf, const SgdParams& h) {
-  const float d = detail::sgd_grad(p, g, h);
-  buf = h.init_buffer ? d : buf * h.momentum + h.one_minus_dampening * d;
-  p = p - h.lr * (h.nesterov ? d + h.momentum * buf : buf);
+// ---- force_eager: the update as kiln expressions, one parameter tensor at a time ------------------
+// What PyTorch's single-tensor (foreach=False) SGD does, node by node; every node is one kernel
+// (kiln::assign<stance::force_eager>). The same formulas as sgd_update, so results agree with the
+// fused step to rounding. G is the gradient, P the value, B the buffer, D a scratch tensor:
+//   maximize or weight_decay:  D = (maximize ? -G : G) [+ P * wd]      1 + 2 nodes at most
+//   momentum:  B = B * mu + D [* (1 - dampening)]                      2, or 3 with dampening
+//              P = P - (D + B * momentum) * lr  (nesterov)  or  P - B * lr     4 or 2
+//   no momentum: P = P - D * lr                                        2
+// A buffer's first step runs the same nodes with mu = 0 and 1 - dampening = 1 (its part of the
+// buffer still reads 0), so every step launches the same number of kernels.
+constexpr index_t sgd_eager_launches(const SgdOptions& o) {
+  index_t n = (o.maximize ? 1 : 0) + (o.weight_decay != 0.0 ? 2 : 0);
+  if (o.momentum != 0.0) n += (o.dampening != 0.0 ? 3 : 2) + (o.nesterov ? 4 : 2);
+  else n += 2;
+  return n;
 }
 
-class Sgd {
+// One parameter's eager SGD step. buf: its part of the momentum buffer (momentum only);
+// scratch: s.size floats in the same space (maximize or weight decay only); started: whether its
+// buffer has started.
+template <class Exec>
+void sgd_eager_tensor(Exec& exec, const ParamSlot& s, float* buf, float* scratch, const SgdOptions& o,
+                      const SgdParams& h, bool started) {
+  using S = typename Exec::space;
+  using E = stance::force_eager;
+  const Shape shape{s.size};
+  const FlatView<S, float> p(s.value, shape);
+  const FlatView<S, const float> g(s.grad, shape);
+  FlatView<S, const float> d = g;
+  if (o.maximize || o.weight_decay != 0.0) {
+    const FlatView<S, float> t(scratch, shape);
+    if (o.maximize && o.weight_decay != 0.0) assign<E>(t, -g + p * h.weight_decay, exec);
+    else if (o.maximize) assign<E>(t, -g, exec);
+    else assign<E>(t, g + p * h.weight_decay, exec);
+    d = t;
+  }
+  if (o.momentum == 0.0) {
+    assign<E>(p, p - d * h.lr, exec);
+    return;
+  }
+  const FlatView<S, float> b(buf, shape);
+  const float mu = started ? h.momentum : 0.0f;
+  if (o.dampening != 0.0) assign<E>(b, b * mu + d * (started ? h.one_minus_dampening : 1.0f), exec);
+  else assign<E>(b, b * mu + d, exec);
+  if (o.nesterov) assign<E>(p, p - (d + b * h.momentum) * h.lr, exec);
+  else assign<E>(p, p - b * h.lr, exec);
+}
+
+}  // namespace detail
+
+// SGD in a memory space: SGD<kiln::host> below, SGD<kiln::cuda> in kiln/optim/cuda_step.cuh.
+template <class Space = host>
+class SGD;
+
+template <>
+class SGD<host> {
  public:
-  Sgd(ParamTable table, const SgdOptions& options) : table_(std::move(table)), opt_(options), slots_(table_.count()) {
-    check(opt_);
+  using space = host;
+  using Options = SgdOptions;
+  static constexpr const char* name = "SGD";
+
+  SGD(ParamTable table, const SgdOptions& options) : table_(std::move(table)), opt_(options), slots_(table_.count()) {
+    detail::check_sgd(opt_);
+  }
+  // From a host model: its param_table().
+  template <param_model M>
+  SGD(const M& model, const SgdOptions& options) : SGD(model.param_table(), options) {
+    static_assert(std::is_same_v<typename M::space, host>,
+                  "kiln::optim::SGD<kiln::host>: the model's parameters live in another memory space; write "
+                  "optim::SGD opt(model, ...) to take the model's space");
   }
 
-  // One update of every parameter that has a gradient: one launch of kind::optimizer.
-  void step(CpuExecutor& exec) {
-    const index_t n = table_.total_size();
+  // Launches of one step() for `tensors` parameter tensors with a gradient: fused, one
+  // kind::optimizer launch (counted even when nothing has a gradient or a guard skips it);
+  // force_eager, the nodes of detail::sgd_eager_launches per tensor (none when a guard skips).
+  static constexpr index_t launches(bool eager, const SgdOptions& options, index_t tensors) {
+    return eager ? detail::sgd_eager_launches(options) * tensors : 1;
+  }
+
+  // One update of every parameter that has a gradient. Fused (the default stance): one loop,
+  // one launch of kind::optimizer. force_eager: the update as kiln expressions, tensor by
+  // tensor (detail::sgd_eager_tensor). With a guard whose flag is non-zero, nothing changes.
+  template <class Stance = stance::fused>
+  void step(CpuExecutor& exec, StepGuard guard = {}) {
+    static_assert(stance::is_stance_v<Stance>, "kiln::optim::SGD::step: the template argument is a stance "
+                  "(kiln::stance::fused or kiln::stance::force_eager)");
+    ++steps_;
     const bool use_buffer = opt_.momentum != 0.0;
+    const index_t work = slots_.read_flags(table_);
+    if constexpr (std::is_same_v<Stance, stance::fused>)
+      // bytes: read p and g, write p; with momentum also read and write buf.
+      exec.stats().count(kind::optimizer, "sgd", work, std::size_t(work) * sizeof(float) * (use_buffer ? 5 : 3));
+    if (detail::host_guard_skips(guard)) return;
     // The buffer is allocated on the first step that uses momentum; each parameter's part starts
     // (buf = d) on its own first step with a gradient, and reads 0 until then.
-    if (use_buffer && momentum_buffer_.empty()) momentum_buffer_.assign(std::size_t(n), 0.0f);
-    const SgdParams h{float(opt_.lr),           float(opt_.momentum), float(1.0 - opt_.dampening),
-                      float(opt_.weight_decay), opt_.nesterov,        opt_.maximize,
-                      false};
-    const index_t work = slots_.read_flags(table_);
-    // bytes: read p and g, write p; with momentum also read and write buf.
-    exec.stats().count(kind::optimizer, "sgd", work, std::size_t(work) * sizeof(float) * (use_buffer ? 5 : 3));
-    float* state = momentum_buffer_.data();
-    exec.parallel_for(n, CpuExecutor::grain, [&](index_t b, index_t e) {
-      table_.for_each_slot_span(b, e, [&](index_t k, const ParamSlot& s, index_t lb, index_t le, index_t fb) {
-        if (!slots_.active(k)) return;
-        if (use_buffer) momentum_span(s.value + lb, s.grad + lb, state + fb, le - lb, h, !slots_.has_buffer(k));
-        else plain_span(s.value + lb, s.grad + lb, le - lb, h);
-      });
-    });
+    if (use_buffer && momentum_buffer_.empty()) momentum_buffer_.assign(std::size_t(table_.total_size()), 0.0f);
+    const SgdParams h = detail::sgd_params(opt_);
+    if constexpr (std::is_same_v<Stance, stance::fused>) fused_step(exec, h, use_buffer);
+    else eager_step(exec, h);
     if (use_buffer) slots_.mark_buffers();
-    ++steps_;
   }
 
   // optim::zero_grad over the table: set_to_none clears flagged slots and zero-fills the others.
@@ -150,7 +247,7 @@ class Sgd {
   void set_lr(double lr) {
     SgdOptions next = opt_;
     next.lr = lr;
-    check(next);
+    detail::check_sgd(next);
     opt_ = next;
   }
   double momentum() const { return opt_.momentum; }
@@ -158,13 +255,13 @@ class Sgd {
   void set_momentum(double momentum) {
     SgdOptions next = opt_;
     next.momentum = momentum;
-    check(next);
+    detail::check_sgd(next);
     opt_ = next;
   }
 
   const SgdOptions& options() const { return opt_; }
   const ParamTable& table() const { return table_; }
-  // Number of step() calls.
+  // Number of step() calls (guard-skipped ones included).
   index_t steps() const { return steps_; }
   // The momentum buffer, laid out by table().offset(k); empty until a step has used momentum, 0
   // where a parameter's buffer has not started.
@@ -174,17 +271,25 @@ class Sgd {
   bool has_momentum_buffer(index_t k) const { return slots_.has_buffer(k); }
 
  private:
-  // The checks torch.optim.SGD makes, each naming its argument. `!(x >= 0)` also rejects NaN.
-  static void check(const SgdOptions& o) {
-    KILN_CHECK(std::isfinite(o.lr) && o.lr >= 0.0, ValueError, "Sgd: lr must be finite and >= 0, got ", o.lr);
-    KILN_CHECK(std::isfinite(o.momentum) && o.momentum >= 0.0, ValueError,
-               "Sgd: momentum must be finite and >= 0, got ", o.momentum);
-    KILN_CHECK(std::isfinite(o.dampening), ValueError, "Sgd: dampening must be finite, got ", o.dampening);
-    KILN_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0, ValueError,
-               "Sgd: weight_decay must be finite and >= 0, got ", o.weight_decay);
-    KILN_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0), ValueError,
-               "Sgd: nesterov needs momentum > 0 and dampening == 0, got momentum ", o.momentum, " and dampening ",
-               o.dampening);
+  void fused_step(CpuExecutor& exec, const SgdParams& h, bool use_buffer) {
+    float* state = momentum_buffer_.data();
+    exec.parallel_for(table_.total_size(), CpuExecutor::grain, [&](index_t b, index_t e) {
+      table_.for_each_slot_span(b, e, [&](index_t k, const ParamSlot& s, index_t lb, index_t le, index_t fb) {
+        if (!slots_.active(k)) return;
+        if (use_buffer) momentum_span(s.value + lb, s.grad + lb, state + fb, le - lb, h, !slots_.has_buffer(k));
+        else plain_span(s.value + lb, s.grad + lb, le - lb, h);
+      });
+    });
+  }
+  void eager_step(CpuExecutor& exec, const SgdParams& h) {
+    index_t largest = 0;
+    for (const ParamSlot& s : table_) largest = std::max(largest, s.size);
+    auto scratch = exec.temps().take(std::size_t(largest) * sizeof(float));
+    for (index_t k = 0; k < table_.count(); ++k) {
+      if (!slots_.active(k)) continue;
+      float* buf = momentum_buffer_.empty() ? nullptr : momentum_buffer_.data() + table_.offset(k);
+      detail::sgd_eager_tensor(exec, table_[k], buf, static_cast<float*>(scratch.get()), opt_, h, slots_.has_buffer(k));
+    }
   }
 
   // The loops over one piece of a parameter, each flag of h a compile-time constant in its own
@@ -232,5 +337,13 @@ class Sgd {
   std::vector<float> momentum_buffer_;
   index_t steps_ = 0;
 };
+
+// optim::SGD opt(table, {...}) is a host optimizer; optim::SGD opt(model, {...}) takes the model's space.
+SGD(ParamTable, const SgdOptions&) -> SGD<host>;
+template <param_model M>
+SGD(const M&, const SgdOptions&) -> SGD<typename M::space>;
+
+// Old spelling; examples move to SGD<...>.
+using Sgd = SGD<host>;
 
 }  // namespace kiln::optim

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "kiln/core/temp_pool.hpp"
 #include "kiln/core/view.hpp"
 #include "kiln/expr/evaluator.hpp"
+#include "kiln/expr/reduce_ops.hpp"
 #include "kiln/backend/cpu/epilogue.hpp"
 #include "kiln/backend/cpu/gemm.hpp"
 
@@ -37,6 +39,19 @@ class CpuExecutor {
   LaunchStats& stats() { return stats_; }
   const LaunchStats& stats() const { return stats_; }
   TempPool<host>& temps() { return temps_; }
+  // precision::tf32 asks for TF32 GEMMs; the CPU has no TF32 units, so its GEMMs stay float (a
+  // training step says so at start). Kept so a step reads the same on both executors.
+  void allow_tf32(bool on) { allow_tf32_ = on; }
+  bool tf32() const { return allow_tf32_; }
+  // bf16 runs everywhere on the CPU: storage is bf16, arithmetic float (round to nearest even at
+  // every store), the same numbers a device computes.
+  static constexpr bool supports_bf16() { return true; }
+  static constexpr bool tf32_units() { return false; }
+  static std::string device_name() { return "the CPU"; }
+  // Copies `bytes` within host memory (no kernel is counted).
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
 
   static int hardware_threads() {
 #if defined(_OPENMP)
@@ -131,12 +146,18 @@ class CpuExecutor {
     });
   }
 
-  // C = alpha·op(A)·op(B) + beta·C, row-major (see kiln/backend/cpu/gemm.hpp).
+  // C = alpha·op(A)·op(B) + beta·C, row-major (see kiln/backend/cpu/gemm.hpp). C is float (the
+  // accumulation type) or T; a half-precision C is rounded once from the float result.
   template <class T, class C>
   void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
             index_t ldb, float beta, C* c, index_t ldc) {
     stats_.count(kind::gemm, "gemm", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
-    run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if constexpr (std::is_same_v<C, cpu::gemm_acc_t<T>>) {
+      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    } else {
+      static_assert(std::is_same_v<C, T>, "kiln: a CPU GEMM writes float or its input type");
+      run_gemm_rounded(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
   }
 
   // ---- GEMM epilogues (kiln/core/epilogue.hpp) ---------------------------------------------
@@ -160,12 +181,23 @@ class CpuExecutor {
             index_t ldb, float beta, T* c, index_t ldc, const BiasAct<Act, T>& ep) {
     stats_.count(kind::gemm, bias_act_name<Act>(ep.bias != nullptr), m * n,
                  std::size_t(m * k + k * n + 2 * m * n) * sizeof(T));
-    run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (is_identity_act_v<Act> && !ep.bias) return;
+    using Acc = compute_t<T>;
     T* aux = static_cast<T*>(ep.aux);
-    parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(n, 1)), [&](index_t rb, index_t re) {
-      cpu::bias_act_rows<Act>(rb, re, n, c, ldc, ep.bias, aux);
-    });
+    if constexpr (std::is_same_v<T, Acc>) {
+      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      if (is_identity_act_v<Act> && !ep.bias) return;
+      parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(n, 1)), [&](index_t rb, index_t re) {
+        cpu::bias_act_rows<Act>(rb, re, n, c, ldc, c, ldc, ep.bias, aux);
+      });
+    } else {
+      KILN_CHECK(beta == 0.f, ValueError, "a half-precision GEMM with a bias epilogue writes its output (beta must be 0)");
+      auto scratch = temps_.take(std::size_t(m * n) * sizeof(Acc));
+      Acc* f = static_cast<Acc*>(scratch.get());
+      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, f, n);
+      parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(n, 1)), [&](index_t rb, index_t re) {
+        cpu::bias_act_rows<Act>(rb, re, n, f, n, c, ldc, ep.bias, aux);
+      });
+    }
   }
 
   // C = (alpha·op(A)·op(B)) * act'(aux), and ep.dbias[j] (=|+=) the column sums of C.
@@ -175,17 +207,28 @@ class CpuExecutor {
     KILN_CHECK(beta == 0.f, ValueError, "gemm with a d", Act::name, " epilogue writes its output (beta must be 0)");
     stats_.count(kind::gemm, dact_name<Act>(ep.dbias != nullptr), m * n,
                  std::size_t(m * k + k * n + 3 * m * n) * sizeof(T));
-    run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
-    run_dact<Act>(m, n, c, ldc, static_cast<const T*>(ep.aux), c, ldc, false, ep.dbias, ep.add_dbias);
+    using Acc = compute_t<T>;
+    if constexpr (std::is_same_v<T, Acc>) {
+      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
+      run_dact<Act>(m, n, c, ldc, static_cast<const T*>(ep.aux), c, ldc, false, ep.dbias, ep.add_dbias);
+    } else {
+      auto scratch = temps_.take(std::size_t(m * n) * sizeof(Acc));
+      Acc* f = static_cast<Acc*>(scratch.get());
+      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, f, n);
+      run_dact<Act>(m, n, static_cast<const Acc*>(f), n, static_cast<const T*>(ep.aux), c, ldc, false, ep.dbias,
+                    ep.add_dbias);
+    }
   }
 
-  // C = alpha·op(A)·op(B) + beta·C, and ep.dbias[i] (=|+=) sum_p op(A)[i, p]; needs ta.
-  template <class T>
+  // C = alpha·op(A)·op(B) + beta·C, and ep.dbias[i] (=|+=) sum_p op(A)[i, p]; needs ta. C is
+  // float (a weight gradient of the float master weights) or T.
+  template <class T, class C>
   void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
-            index_t ldb, float beta, T* c, index_t ldc, const BGradA<T>& ep) {
+            index_t ldb, float beta, C* c, index_t ldc, const BGradA<T>& ep) {
     KILN_CHECK(ta, ValueError, "gemm with a bgrada epilogue needs a transposed A (its rows are summed over k)");
     stats_.count(kind::gemm, "gemm+bgrada", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
-    run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if constexpr (std::is_same_v<C, cpu::gemm_acc_t<T>>) run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    else run_gemm_rounded(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (!ep.dbias) return;
     parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(k, 1)), [&](index_t cb, index_t ce) {
       cpu::col_sums(k, cb, ce, a, lda, ep.dbias, ep.add_dbias);
@@ -196,7 +239,7 @@ class CpuExecutor {
   // row stride n (aux from a BiasAct epilogue; `out`, the activation's output, is unused here).
   // d or dbias may be null. ONE elementwise launch.
   template <class Act, class T>
-  void dact(index_t m, index_t n, const T* g, const void* aux, const T* out, T* d, bool add_d, T* dbias,
+  void dact(index_t m, index_t n, const T* g, const void* aux, const T* out, T* d, bool add_d, compute_t<T>* dbias,
             bool add_dbias) {
     (void)out;
     stats_.count(kind::elementwise, "dact", m * n, std::size_t(3 * m * n) * sizeof(T));
@@ -205,8 +248,10 @@ class CpuExecutor {
 
   // Reduces ev over each row (per_row: out[r] for r < rows) or over everything (out[0]).
   // Sums are pairwise over fixed blocks, so the result does not depend on the thread count.
+  // accumulate adds each result to what out holds (a gradient's later contribution) instead of
+  // overwriting it, in the same launch.
   template <class Op, class R, class Ev>
-  void reduce(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row) {
+  void reduce(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate = false) {
     using T = typename Ev::value_type;
     using Acc = typename Op::template acc_t<T>;
     const index_t n = rows * cols;
@@ -214,8 +259,10 @@ class CpuExecutor {
     if (per_row) {
       parallel_for(rows, std::max<index_t>(1, grain / std::max<index_t>(cols, 1)), [&](index_t rb, index_t re) {
         const Ev local = ev;
-        for (index_t r = rb; r < re; ++r)
-          out[r] = R(Op::finish(pairwise<Op, T>([&](index_t c) { return local.at(r, c); }, 0, cols), cols));
+        for (index_t r = rb; r < re; ++r) {
+          const auto v = Op::finish(pairwise<Op, T>([&](index_t c) { return local.at(r, c); }, 0, cols), cols);
+          red::store(out[r], v, accumulate);
+        }
       });
       return;
     }
@@ -236,7 +283,8 @@ class CpuExecutor {
         }
       }
     });
-    out[0] = R(Op::finish(merge_tree<Op, T>(partial.data(), 0, index_t(partial.size())), n));
+    const auto v = Op::finish(merge_tree<Op, T>(partial.data(), 0, index_t(partial.size())), n);
+    red::store(out[0], v, accumulate);
   }
 
   // Elements per block of a whole-tensor reduction: fixed, so results are reproducible.
@@ -278,17 +326,42 @@ class CpuExecutor {
     cpu::gemm<T>(ta ? cpu::trans::yes : cpu::trans::no, tb ? cpu::trans::yes : cpu::trans::no, m, n, k, Acc(alpha),
                  a, lda, b, ldb, Acc(beta), c, ldc, threads_);
   }
-  template <class Act, class T>
-  void run_dact(index_t m, index_t n, const T* g, index_t ldg, const T* z, T* d, index_t ldd, bool add_d, T* dbias,
-                bool add_dbias) const {
+  // C (T's compute type, or T) = alpha·op(A)·op(B) + beta·C through a float scratch buffer: a
+  // half-precision output is rounded once, from the float result.
+  template <class T, class C>
+  void run_gemm_rounded(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda,
+                        const T* b, index_t ldb, float beta, C* c, index_t ldc) {
+    using Acc = cpu::gemm_acc_t<T>;
+    auto scratch = temps_.take(std::size_t(m * n) * sizeof(Acc));
+    Acc* f = static_cast<Acc*>(scratch.get());
+    if (beta != 0.f)
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) f[i * n + j] = convert<Acc>(c[i * ldc + j]);
+    run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, f, n);
+    parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(n, 1)),
+                 [&](index_t rb, index_t re) { cpu::store_rows<C>(rb, re, n, f, n, c, ldc); });
+  }
+  template <class Act, class T, class G>
+  void run_dact(index_t m, index_t n, const G* g, index_t ldg, const T* z, T* d, index_t ldd, bool add_d,
+                compute_t<T>* dbias, bool add_dbias) const {
     parallel_for(n, std::max<index_t>(1, grain / std::max<index_t>(m, 1)), [&](index_t cb, index_t ce) {
       cpu::dact_cols<Act>(m, cb, ce, n, g, ldg, z, d, ldd, add_d, dbias, add_dbias);
     });
   }
 
   int threads_;
+  bool allow_tf32_ = false;
   LaunchStats stats_;
   TempPool<host> temps_;
 };
+
+template <>
+struct executor_for<host> {
+  using type = CpuExecutor;
+};
+template <>
+inline CpuExecutor make_executor<host>(int cpu_threads) {
+  return CpuExecutor(cpu_threads);
+}
 
 }  // namespace kiln

@@ -215,6 +215,7 @@ struct MatmulArgs {
   index_t ldd = 0;
   Epilogue epilogue = Epilogue::none;
   void* bias = nullptr;  // device vector of out_type: read by *bias epilogues, written by *bgrad*
+  bool bias_f32 = false;  // the bias vector is f32 whatever out_type (mixed precision's float bias)
   void* aux = nullptr;   // device aux matrix (see file comment): written by *_aux_bias, read by d*
   index_t aux_ld = 0;    // bits for the ReLU mask (multiple of 128), elements for GELU (of 8)
 };
@@ -444,7 +445,7 @@ class Lt {
   cublasLtHandle_t handle() const noexcept { return handle_; }
 
  private:
-  using Key = std::array<std::int64_t, 20>;
+  using Key = std::array<std::int64_t, 21>;
 
   static Key key_of(const MatmulArgs& x) {
     const bool tf32 = x.allow_tf32 && x.in_type == LtType::f32;
@@ -469,7 +470,8 @@ class Lt {
                detail::pointer_alignment(c),
                detail::pointer_alignment(x.d),
                detail::pointer_alignment(x.bias),
-               detail::pointer_alignment(x.aux)};
+               detail::pointer_alignment(x.aux),
+               x.bias_f32 && x.out_type != LtType::f32};
   }
 
   detail::LtPlan& plan_for_locked(const MatmulArgs& x) {
@@ -493,6 +495,10 @@ class Lt {
     // The heuristic reads the bias / aux pointers' alignment from the descriptor, so set the
     // real ones before asking it.
     if (x.bias != nullptr) detail::lt_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, x.bias);
+    // A float bias beside a half-precision output; where cuBLASLt has no kernel for the pair its
+    // heuristic finds none (LtNoAlgorithm) and the executor falls back to its own kernel.
+    if (x.bias_f32 && x.out_type != LtType::f32)
+      detail::lt_set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_32F));
     if (x.aux != nullptr) {
       detail::lt_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x.aux);
       detail::lt_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,

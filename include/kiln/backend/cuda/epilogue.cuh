@@ -60,8 +60,8 @@ namespace kiln::cu::kernels {
 
 // z = d[i, j] + bias[j] (bias may be null); aux[i, j] = z when aux is not null; d = act(z).
 // Over an [m, n] matrix: d row stride ldd, aux row stride ldaux.
-template <class Act, class T>
-KILN_GLOBAL void bias_act(T* d, index_t ldd, const T* bias, T* aux, index_t ldaux, index_t m, index_t n) {
+template <class Act, class T, class B>
+KILN_GLOBAL void bias_act(T* d, index_t ldd, const B* bias, T* aux, index_t ldaux, index_t m, index_t n) {
   const index_t total = m * n;
   for (index_t e = index_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += index_t(gridDim.x) * blockDim.x) {
     const index_t i = e / n, j = e - i * n;
@@ -74,9 +74,9 @@ KILN_GLOBAL void bias_act(T* d, index_t ldd, const T* bias, T* aux, index_t ldau
 // One thread per column j (adjacent threads read adjacent columns: coalesced): v = g * act' down
 // the column; d (=|+=) v unless d is null; dbias[j] (=|+=) the column's sum unless dbias is null.
 // Each column is summed in row order, so results do not depend on the launch shape.
-template <class Deriv, class T>
+template <class Deriv, class T, class B>
 KILN_GLOBAL void dact_columns(index_t m, index_t n, const T* g, index_t ldg, Deriv deriv, T* d, index_t ldd,
-                              bool add_d, T* dbias, bool add_dbias) {
+                              bool add_d, B* dbias, bool add_dbias) {
   const index_t j = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= n) return;
   float acc = 0.f;
@@ -85,12 +85,12 @@ KILN_GLOBAL void dact_columns(index_t m, index_t n, const T* g, index_t ldg, Der
     if (d) d[i * ldd + j] = convert<T>(add_d ? convert<float>(d[i * ldd + j]) + v : v);
     acc += v;
   }
-  if (dbias) dbias[j] = convert<T>(add_dbias ? convert<float>(dbias[j]) + acc : acc);
+  if (dbias) dbias[j] = convert<B>(add_dbias ? convert<float>(dbias[j]) + acc : acc);
 }
 
 // dst[i] += src[i].
-template <class T>
-KILN_GLOBAL void add_vector(T* dst, const T* src, index_t n) {
+template <class T, class S>
+KILN_GLOBAL void add_vector(T* dst, const S* src, index_t n) {
   for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
     dst[i] = convert<T>(convert<float>(dst[i]) + convert<float>(src[i]));
 }

@@ -29,6 +29,7 @@
 #include "kiln/core/temp_pool.hpp"
 #include "kiln/core/view.hpp"
 #include "kiln/expr/evaluator.hpp"
+#include "kiln/expr/reduce_ops.hpp"
 
 namespace kiln::cu::kernels {
 
@@ -98,7 +99,8 @@ inline constexpr int reduce_threads = 256;
 // One block per row (per_row) or per slice of the flat range; writes finished results
 // (per_row) or partial accumulators.
 template <class Op, class R, class Acc, class Ev>
-KILN_GLOBAL void reduce_rows(R* out, Acc* partial, Ev ev, index_t rows, index_t cols, bool per_row, index_t slice) {
+KILN_GLOBAL void reduce_rows(R* out, Acc* partial, Ev ev, index_t rows, index_t cols, bool per_row, index_t slice,
+                             bool accumulate) {
   using T = typename Ev::value_type;
   using BlockReduce = cub::BlockReduce<Acc, reduce_threads>;
   __shared__ typename BlockReduce::TempStorage storage;
@@ -115,13 +117,17 @@ KILN_GLOBAL void reduce_rows(R* out, Acc* partial, Ev ev, index_t rows, index_t 
   }
   const Acc total = BlockReduce(storage).Reduce(acc, Merge<Op, T>{});
   if (threadIdx.x == 0) {
-    if (per_row) out[blockIdx.x] = R(Op::finish(total, cols));
-    else partial[blockIdx.x] = total;
+    if (per_row) {
+      const auto v = Op::finish(total, cols);
+      red::store(out[blockIdx.x], v, accumulate);
+    } else {
+      partial[blockIdx.x] = total;
+    }
   }
 }
 
 template <class Op, class R, class Acc>
-KILN_GLOBAL void reduce_partials(R* out, const Acc* partial, index_t count, index_t n) {
+KILN_GLOBAL void reduce_partials(R* out, const Acc* partial, index_t count, index_t n, bool accumulate) {
   using BlockReduce = cub::BlockReduce<Acc, reduce_threads>;
   __shared__ typename BlockReduce::TempStorage storage;
   using T = decltype(Op::finish(partial[0], n));
@@ -129,7 +135,10 @@ KILN_GLOBAL void reduce_partials(R* out, const Acc* partial, index_t count, inde
   Acc acc = partial[threadIdx.x < count ? threadIdx.x : 0];
   for (index_t i = threadIdx.x + reduce_threads; i < count; i += reduce_threads) acc = Op::merge(acc, partial[i]);
   const Acc total = BlockReduce(storage).Reduce(acc, Merge<Op, T>{}, int(count < reduce_threads ? count : reduce_threads));
-  if (threadIdx.x == 0) out[0] = R(Op::finish(total, n));
+  if (threadIdx.x == 0) {
+    const auto v = Op::finish(total, n);
+    red::store(out[0], v, accumulate);
+  }
 }
 
 }  // namespace kiln::cu::kernels
@@ -163,6 +172,31 @@ class CudaExecutor {
   TempPool<cuda>& temps() { return temps_; }
   cu::Lt& lt() { return lt_; }
   void synchronize() { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // precision::tf32: float GEMMs multiply in TF32 on the tensor cores (cuBLASLt's
+  // 32F_FAST_TF32 compute type), accumulating in float.
+  void allow_tf32(bool on) { allow_tf32_ = on; }
+  bool tf32() const { return allow_tf32_; }
+  // Whether the current device computes in bfloat16 (compute capability 8.0 or newer), and its name.
+  static bool supports_bf16() {
+    int device = 0, major = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 8;
+  }
+  // Whether the current device has TF32 tensor cores (compute capability 8.0 or newer).
+  static bool tf32_units() { return supports_bf16(); }
+  static std::string device_name() {
+    int device = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return std::string("device ") + std::to_string(device) + " (" + prop.name + ", compute capability " +
+           std::to_string(prop.major) + "." + std::to_string(prop.minor) + ")";
+  }
+  // Copies `bytes` within device memory, ordered on the stream (no kernel is counted).
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
 
   template <class T, class Ext, class Ev>
   void elementwise(const View<T, cuda, Ext>& dst, const Ev& ev, const std::string& name) {
@@ -213,8 +247,9 @@ class CudaExecutor {
     KILN_CUDA_CHECK(cudaGetLastError());
   }
 
+  // accumulate adds each result to what out holds instead of overwriting it (same launches).
   template <class Op, class R, class Ev>
-  void reduce(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row) {
+  void reduce(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate = false) {
     using T = typename Ev::value_type;
     using Acc = typename Op::template acc_t<T>;
     const index_t n = rows * cols;
@@ -222,7 +257,7 @@ class CudaExecutor {
     if (per_row) {
       if (rows == 0) return;
       cu::kernels::reduce_rows<Op, R, Acc><<<unsigned(rows), cu::kernels::reduce_threads, 0, stream_>>>(
-          out, static_cast<Acc*>(nullptr), ev, rows, cols, true, 0);
+          out, static_cast<Acc*>(nullptr), ev, rows, cols, true, 0, accumulate);
     } else {
       // Fixed slices (not a function of the device) keep results reproducible across runs.
       const index_t slice = index_t(1) << 16;
@@ -232,8 +267,9 @@ class CudaExecutor {
       // The real cols: with cols == 0 the range is empty and the kernel never divides by it (a
       // cols of 1 here would read rows elements of an empty operand).
       cu::kernels::reduce_rows<Op, R, Acc><<<unsigned(count), cu::kernels::reduce_threads, 0, stream_>>>(
-          out, partial, ev, rows, cols, false, slice);
-      cu::kernels::reduce_partials<Op, R, Acc><<<1, cu::kernels::reduce_threads, 0, stream_>>>(out, partial, count, n);
+          out, partial, ev, rows, cols, false, slice, false);
+      cu::kernels::reduce_partials<Op, R, Acc><<<1, cu::kernels::reduce_threads, 0, stream_>>>(out, partial, count, n,
+                                                                                             accumulate);
     }
     KILN_CUDA_CHECK(cudaGetLastError());
   }
@@ -293,7 +329,8 @@ class CudaExecutor {
     if constexpr (is_identity_act_v<Act>) {
       if (!ep.bias) return lt_.matmul(x, stream_);
       x.epilogue = cu::Epilogue::bias;
-      x.bias = const_cast<T*>(ep.bias);
+      x.bias = const_cast<compute_t<T>*>(ep.bias);
+      x.bias_f32 = true;
       if (try_lt(x, lt_bias_ok_)) return;
       x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     } else if constexpr (cu::lt_activation_v<Act>) {
@@ -304,7 +341,8 @@ class CudaExecutor {
         else if (ep.bias) x.epilogue = save ? E::gelu_aux_bias : E::gelu_bias;
         else if (relu) x.epilogue = save ? E::relu_aux : E::relu;
         else x.epilogue = save ? E::gelu_aux : E::gelu;
-        x.bias = const_cast<T*>(ep.bias);
+        x.bias = const_cast<compute_t<T>*>(ep.bias);
+        x.bias_f32 = true;
         if (save) {
           x.aux = ep.aux;
           x.aux_ld = cu::act_aux_ld<Act>(n);
@@ -338,6 +376,7 @@ class CudaExecutor {
         constexpr bool relu = std::is_same_v<Act, fn::Relu>;
         using E = cu::Epilogue;
         x.epilogue = ep.dbias ? (relu ? E::drelu_bgrad : E::dgelu_bgrad) : (relu ? E::drelu : E::dgelu);
+        x.bias_f32 = true;
         x.aux = const_cast<void*>(ep.aux);
         x.aux_ld = cu::act_aux_ld<Act>(n);
         if (lt_with_bias_grad(x, ep.dbias, ep.add_dbias, n, lt_act_ok<Act>())) return;
@@ -347,10 +386,11 @@ class CudaExecutor {
     launch_dact<Act>(m, n, c, ldc, ep.aux, ep.out, c, ldc, false, ep.dbias, ep.add_dbias);
   }
 
-  // C = alpha·op(A)·op(B) + beta·C, and ep.dbias[i] (=|+=) sum_p op(A)[i, p]; needs ta.
-  template <class T>
+  // C = alpha·op(A)·op(B) + beta·C, and ep.dbias[i] (=|+=) sum_p op(A)[i, p]; needs ta. C is float
+  // (the float master weights' gradient under mixed precision) or T.
+  template <class T, class C>
   void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
-            index_t ldb, float beta, T* c, index_t ldc, const BGradA<T>& ep) {
+            index_t ldb, float beta, C* c, index_t ldc, const BGradA<T>& ep) {
     KILN_CHECK(ta, ValueError, "a GEMM with a bgrada epilogue needs a transposed A (its rows are summed over k)");
     stats_.count(kind::gemm, "gemm+bgrada", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
     if (m == 0 || n == 0) return;
@@ -358,6 +398,7 @@ class CudaExecutor {
     cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (!ep.dbias) return lt_.matmul(x, stream_);
     x.epilogue = cu::Epilogue::bgrada;
+    x.bias_f32 = true;
     if (lt_with_bias_grad(x, ep.dbias, ep.add_dbias, m, lt_bgrad_ok_)) return;
     // A is stored [k, m]: its column sums are the bias gradient.
     lt_.matmul(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), stream_);
@@ -369,7 +410,7 @@ class CudaExecutor {
   // row stride n; `out` is the activation's output (ReLU reads its sign). d or dbias may be
   // null. ONE elementwise launch.
   template <class Act, class T>
-  void dact(index_t m, index_t n, const T* g, const void* aux, const T* out, T* d, bool add_d, T* dbias,
+  void dact(index_t m, index_t n, const T* g, const void* aux, const T* out, T* d, bool add_d, compute_t<T>* dbias,
             bool add_dbias) {
     stats_.count(kind::elementwise, "dact", m * n, std::size_t(3 * m * n) * sizeof(T));
     if (m == 0 || n == 0) return;
@@ -386,7 +427,7 @@ class CudaExecutor {
     else return cu::LtType::f32;
   }
   template <class T, class C>
-  static cu::MatmulArgs lt_args(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a,
+  cu::MatmulArgs lt_args(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a,
                                 index_t lda, const T* b, index_t ldb, float beta, C* c, index_t ldc) {
     cu::MatmulArgs x;
     x.m = m;
@@ -406,6 +447,7 @@ class CudaExecutor {
     x.ldc = ldc;
     x.d = c;
     x.ldd = ldc;
+    x.allow_tf32 = allow_tf32_;
     return x;
   }
 
@@ -429,6 +471,7 @@ class CudaExecutor {
   bool lt_with_bias_grad(cu::MatmulArgs& x, T* dbias, bool add, index_t len, bool& ok) {
     TempPool<cuda>::Buffer scratch;
     if (dbias && add) scratch = temps_.take(std::size_t(len) * sizeof(T));
+    x.bias_f32 = std::is_same_v<T, float>;
     x.bias = scratch.get() ? scratch.get() : static_cast<void*>(dbias);
     if (!try_lt(x, ok)) return false;
     if (scratch.get()) {
@@ -448,7 +491,7 @@ class CudaExecutor {
   // The dact kernel with act' read the way this executor's aux format allows.
   template <class Act, class T>
   void launch_dact(index_t m, index_t n, const T* g, index_t ldg, const void* aux, const T* out, T* d, index_t ldd,
-                   bool add_d, T* dbias, bool add_dbias) {
+                   bool add_d, compute_t<T>* dbias, bool add_dbias) {
     const unsigned grid = unsigned((n + threads - 1) / threads);
     auto run = [&](const auto& deriv) {
       cu::kernels::dact_columns<<<grid, threads, 0, stream_>>>(m, n, g, ldg, deriv, d, ldd, add_d, dbias, add_dbias);
@@ -465,10 +508,20 @@ class CudaExecutor {
   }
 
   cudaStream_t stream_;
+  bool allow_tf32_ = false;
   bool lt_bias_ok_ = true, lt_bgrad_ok_ = true, lt_relu_ok_ = true, lt_gelu_ok_ = true;
   LaunchStats stats_;
   TempPool<cuda> temps_;
   cu::Lt lt_;
 };
+
+template <>
+struct executor_for<cuda> {
+  using type = CudaExecutor;
+};
+template <>
+inline CudaExecutor make_executor<cuda>(int) {
+  return CudaExecutor();
+}
 
 }  // namespace kiln

@@ -1,0 +1,308 @@
+// kiln/train/step.hpp — one training step, the same code on the CPU and CUDA executors, its
+// behaviour chosen by a policy bag (kiln/policy/policy.hpp).
+//
+//   kiln::data::BatchLoader<Model::space> loader(train, {.batch_size = 64}, exec);
+//   kiln::optim::AdamW opt(model, {.lr = 1e-3});
+//   kiln::train::Step step(model, opt, exec, kiln::policy<kiln::accumulate<4>>{});
+//   for (...) { loader.start_epoch(e); while (const auto* batch = loader.next()) step(*batch); }
+//
+// step(batch) runs one micro-batch: the batch into the step's input (one copy within the model's
+// space), forward, loss, and backward seeded with scale / N (the loss scaler's scale, 1 without
+// one; N micro-batches per optimizer step). Every N-th call then also runs the loss scaler's
+// unscale-and-check, the optimizer (a no-op, decided on the device, when a gradient holds inf or
+// NaN), the scaler's update, and sets the gradients to none. Nothing waits for the device: the
+// loss comes back as a variable in the model's space, and the step keeps a window of the losses
+// that take_losses() reads every few steps (one synchronisation per window on CUDA).
+//
+// The policy's stance reaches forward, backward and optimizer alike: under force_eager every
+// expression node is its own kernel, a Linear's bias and activation leave its GEMM's epilogue and
+// the optimizer updates one tensor at a time, node by node. The launches of one optimizer step are
+// known at compile time (predicted_launches(), kiln/train/launches.hpp).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kiln/autograd/tape.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/core/memory.hpp"
+#include "kiln/core/stats.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/optim/param.hpp"
+#include "kiln/optim/schedule.hpp"
+#include "kiln/policy/policy.hpp"
+#include "kiln/train/grad_scaler.hpp"
+#include "kiln/train/launches.hpp"
+#include "kiln/train/loss.hpp"
+
+namespace kiln::train {
+
+struct StepOptions {
+  // Micro-batches per optimizer step when the policy says accumulate<kiln::dyn> (then >= 1); with a
+  // count in the policy, 0 (or that count).
+  index_t accumulate = 0;
+  // Losses kept between reads (take_losses()): the latest loss_window of them; older ones are
+  // dropped (and counted) when nobody reads them in time.
+  index_t loss_window = 8;
+  // The dynamic loss scaler's options, when the policy scales the loss.
+  GradScalerOptions scaler = {};
+  // Called after each micro-batch's backward with the count of micro-batches so far (from 1),
+  // before the optimizer part of the step: to look at gradients, or to corrupt one on purpose
+  // (tests of the loss scaler's skip).
+  std::function<void(index_t micro_batch)> after_backward = {};
+};
+
+namespace detail {
+template <class P>
+const auto* pointer_of(const P& p) {
+  if constexpr (std::is_pointer_v<P>) return p;
+  else return p.data();
+}
+}  // namespace detail
+
+template <class Model, class Optimizer, class Exec, class Policy = kiln::policy<>, class Loss = CrossEntropy>
+class Step {
+  static_assert(is_policy_v<Policy>,
+                "kiln::train::Step: the fourth argument is a policy bag, kiln::policy<...> (see kiln/policy/policy.hpp)");
+  static_assert(std::is_same_v<typename Model::space, typename Exec::space>,
+                "kiln::train::Step: the model's parameters live in another memory space than the executor runs in; "
+                "use Model::on<Space> for the executor's space");
+  static_assert(Model::in_features != dyn,
+                "kiln::train::Step: the model's first layer must fix its input size (e.g. a Linear<In, Out>)");
+  static_assert(!Policy::fullgraph || !Model::has_opaque,
+                "kiln::train::Step: the policy says kiln::fullgraph, but the model has an opaque layer (nn::Opaque<F>), "
+                "a fusion boundary kiln cannot see through; remove fullgraph or the opaque layer");
+  static_assert(!Policy::precision::mixed || Model::mixed_precision,
+                "kiln::train::Step: under bf16_mixed / fp16_mixed every layer must run on half-precision activations; "
+                "today Linear and the activations do (a layer says `mixed_precision = true`), use fp32 or tf32 for "
+                "this model");
+
+ public:
+  using space = typename Model::space;
+  using policy_type = Policy;
+  static constexpr bool eager = std::is_same_v<typename Policy::stance, stance::force_eager>;
+  static constexpr bool scales_loss = Policy::loss_scaling::on;
+  static constexpr bool mixed = Policy::precision::mixed;
+  // The type GEMM inputs and saved activations are stored in (float unless mixed).
+  using low_type = typename Policy::precision::low_type;
+  using Input = ag::Var<low_type, space, dyn, Model::in_features>;
+
+  Step(Model& model, Optimizer& optimizer, Exec& exec, Policy = {}, Loss loss = {}, StepOptions options = {})
+      : model_(&model),
+        opt_(&optimizer),
+        exec_(&exec),
+        loss_fn_(std::move(loss)),
+        options_(options),
+        tape_(exec, {.force_eager = eager}),
+        scaler_(with_enabled(options.scaler, scales_loss)),
+        window_(Shape{options.loss_window}) {
+    if constexpr (Policy::accumulate == dyn) {
+      KILN_CHECK(options.accumulate >= 1, ValueError, "train::Step: the policy takes the accumulation count at run ",
+                 "time (accumulate<kiln::dyn>), so StepOptions::accumulate must be >= 1, got ", options.accumulate);
+      accumulate_ = options.accumulate;
+    } else {
+      KILN_CHECK(options.accumulate == 0 || options.accumulate == Policy::accumulate, ValueError,
+                 "train::Step: StepOptions::accumulate = ", options.accumulate, " but the policy says accumulate<",
+                 Policy::accumulate, ">; give the count in one place");
+      accumulate_ = Policy::accumulate;
+    }
+    KILN_CHECK(options.loss_window >= 1, ValueError, "train::Step: loss_window must be >= 1, got ",
+               options.loss_window);
+    exec.allow_tf32(std::is_same_v<typename Policy::precision, precision::tf32>);
+    if constexpr (std::is_same_v<low_type, bf16>)
+      KILN_CHECK(exec.supports_bf16(), ValueError, "train::Step: precision bf16_mixed needs bfloat16 arithmetic, ",
+                 "which ", exec.device_name(), " does not have (compute capability 8.0 or newer); use fp16_mixed");
+    if constexpr (mixed) model.template refresh_low_copies<low_type>(exec);
+    opt_->zero_grad(exec, /*set_to_none=*/true);
+  }
+
+  // The learning rate of optimizer step k is schedule.lr(k) (schedules count optimizer steps, not
+  // micro-batches). `total_micro_batches`, when known (> 0), is checked against the schedule's
+  // length: it must be a multiple of the accumulation count, and, for a schedule with a
+  // total_steps(), give exactly that many optimizer steps.
+  template <optim::LrSchedule S>
+  void set_schedule(S schedule, index_t total_micro_batches = 0) {
+    if (total_micro_batches > 0) {
+      KILN_CHECK(total_micro_batches % accumulate_ == 0, ValueError, "train::Step: ", total_micro_batches,
+                 " micro-batches are not a whole number of optimizer steps of ", accumulate_,
+                 " micro-batches; the last ", total_micro_batches % accumulate_, " would never reach the optimizer");
+      if constexpr (requires { schedule.total_steps(); }) {
+        const index_t steps = total_micro_batches / accumulate_;
+        KILN_CHECK(index_t(schedule.total_steps()) == steps, ValueError, "train::Step: the schedule runs ",
+                   schedule.total_steps(), " optimizer steps but ", total_micro_batches, " micro-batches with ",
+                   accumulate_, " per step make ", steps);
+      }
+    }
+    schedule_ = [s = std::move(schedule)](index_t k) { return double(s.lr(k)); };
+    opt_->set_lr(schedule_(optimizer_steps_));
+  }
+
+  // One micro-batch (see the header comment); returns its loss (mean over its rows, not scaled),
+  // a scalar variable in the model's space.
+  // requires: batch.dim equals the model's input size; the batch's memory is the model's space.
+  template <class Batch>
+  ag::Var<float, space> operator()(const Batch& batch) {
+    static_assert(std::is_same_v<typename Batch::space, space>,
+                  "kiln::train::Step: the batch lives in another memory space than the model; load it with "
+                  "kiln::data::BatchLoader<Model::space>");
+    return run(detail::pointer_of(batch.features), detail::pointer_of(batch.labels), batch.size, batch.dim);
+  }
+
+  // The same from raw pointers in the model's space: rows × dim features and rows labels.
+  ag::Var<float, space> run(const float* features, const std::int32_t* labels, index_t rows, index_t dim) {
+    KILN_CHECK(dim == Model::in_features, ShapeError, "train::Step: the batch has ", dim,
+               " features per row but the model's input size is ", Model::in_features);
+    if (micro_batches_ % accumulate_ == 0 && record_next_) start_recording();
+    input_.value().resize(Shape{rows, Model::in_features});
+    if constexpr (mixed) {
+      exec_->for_each_element(1, rows * dim, nn::detail::RoundCopy<float, low_type>{features, input_.value().data()},
+                              kind::copy, "round_input", std::size_t(rows * dim) * (sizeof(float) + sizeof(low_type)));
+    } else {
+      exec_->copy(input_.value().data(), features, std::size_t(rows * dim) * sizeof(float));
+    }
+    auto output = model_->forward(tape_, input_);
+    ag::Var<float, space> loss = loss_fn_(tape_, output, labels);
+    exec_->copy(window_.data() + window_next_, loss.value().data(), sizeof(float));
+    window_next_ = (window_next_ + 1) % options_.loss_window;
+    if (window_used_ == options_.loss_window) ++losses_dropped_;
+    else ++window_used_;
+    tape_.backward(loss, {.seed = 1.0 / double(accumulate_), .seed_scale = scales_loss ? scaler_.scale_ptr() : nullptr});
+    ++micro_batches_;
+    if (options_.after_backward) options_.after_backward(micro_batches_);
+    stepped_ = micro_batches_ % accumulate_ == 0;
+    if (stepped_) optimizer_step();
+    if (stepped_ && recording_) stop_recording(rows);
+    return loss;
+  }
+
+  // Records what the executor launches during the next whole optimizer step (its names, kinds
+  // and bytes), for report(); recording costs a little, so it is one step's worth.
+  void record_next_step() { record_next_ = true; }
+  // The launches of the last recorded optimizer step (empty before one was recorded).
+  const std::vector<LaunchRecord>& recorded() const { return recorded_; }
+  index_t recorded_batch() const { return recorded_batch_; }
+
+  // The losses since the last read, in order; waits for the device. Also where a failure the
+  // device recorded surfaces: the loss scaler's scale below its floor throws NumericError here,
+  // and with require_finite so does the first NaN or infinite loss, naming its micro-batch
+  // (counted from 1) — a run that diverged.
+  std::vector<float> take_losses(bool require_finite = false) {
+    std::vector<float> ring(static_cast<std::size_t>(options_.loss_window));
+    memory_traits<space>::copy_to_host(ring.data(), window_.data(), ring.size() * sizeof(float));
+    std::vector<float> out;  // oldest first: the ring's slots from the oldest kept one on
+    for (index_t i = 0; i < window_used_; ++i)
+      out.push_back(ring[std::size_t((window_next_ - window_used_ + i + options_.loss_window) % options_.loss_window)]);
+    window_used_ = 0;
+    scaler_.check();
+    for (std::size_t i = 0; require_finite && i < out.size(); ++i)
+      KILN_CHECK(std::isfinite(out[i]), NumericError, "the loss is ", out[i], " at micro-batch ",
+                 micro_batches_ - index_t(out.size() - i) + 1, ": training diverged; lower the learning rate");
+    return out;
+  }
+  index_t losses_pending() const { return window_used_; }
+  // Losses overwritten before take_losses() read them.
+  index_t losses_dropped() const { return losses_dropped_; }
+  bool window_full() const { return window_used_ == options_.loss_window; }
+
+  index_t accumulation() const { return accumulate_; }
+  index_t micro_batches() const { return micro_batches_; }
+  index_t optimizer_steps() const { return optimizer_steps_; }
+  bool stepped() const { return stepped_; }  // whether the last call ran the optimizer
+
+  // One line for the start of a run: precision (and what it means on this executor), stance,
+  // accumulation, loss scaling — with a note for choices that are legal but do nothing here.
+  std::string describe() const {
+    using P = typename Policy::precision;
+    std::string out = std::string(P::name);
+    if (std::is_same_v<P, precision::tf32> && !exec_->tf32_units())
+      out += " (no TF32 units on " + exec_->device_name() + ": its GEMMs stay float)";
+    else if (P::mixed && std::is_same_v<space, host>)
+      out += " (emulated on the CPU: half-precision storage, float arithmetic, rounded at every store)";
+    out += std::string(", stance ") + Policy::stance::name + ", " + std::to_string(accumulate_) +
+           (accumulate_ == 1 ? " micro-batch" : " micro-batches") + " per optimizer step, loss scaling ";
+    out += scales_loss ? "dynamic" : "off";
+    if (scales_loss && !std::is_same_v<P, precision::fp16_mixed>)
+      out += " (allowed, but pointless with float's exponent range)";
+    return out;
+  }
+
+  // Launches of one optimizer step, known at compile time for this model, loss, policy and the
+  // optimizer's options (kiln/train/launches.hpp).
+  // -1 when the model's launches are not known at compile time (a layer that does not say them,
+  // e.g. an opaque function without a launches()).
+  index_t predicted_launches() const {
+    if constexpr (Model::counts_launches)
+      return launches_per_step<Model, Optimizer, Policy, Loss, space>(opt_->options(), accumulate_);
+    else
+      return -1;
+  }
+
+  Model& model() const { return *model_; }
+  Optimizer& optimizer() const { return *opt_; }
+  Exec& exec() const { return *exec_; }
+  ag::Tape<Exec>& tape() { return tape_; }
+  GradScaler<space>& scaler() { return scaler_; }
+  const Loss& loss() const { return loss_fn_; }
+
+ private:
+  static GradScalerOptions with_enabled(GradScalerOptions o, bool on) {
+    o.enabled = on;
+    return o;
+  }
+
+  void start_recording() {
+    record_next_ = false;
+    recording_ = true;
+    was_recording_ = exec_->stats().recording();
+    records_before_ = exec_->stats().records().size();
+    exec_->stats().set_recording(true);
+  }
+  void stop_recording(index_t rows) {
+    recording_ = false;
+    const auto& all = exec_->stats().records();
+    recorded_.assign(all.begin() + std::ptrdiff_t(records_before_), all.end());
+    recorded_batch_ = rows;
+    exec_->stats().set_recording(was_recording_);
+  }
+
+  void optimizer_step() {
+    const optim::StepGuard guard{scales_loss ? scaler_.found_inf_ptr() : nullptr};
+    if constexpr (scales_loss) scaler_.unscale_and_check(opt_->table(), *exec_);
+    opt_->template step<typename Policy::stance>(*exec_, guard);
+    if constexpr (scales_loss) scaler_.update(*exec_);
+    if constexpr (mixed) model_->template refresh_low_copies<low_type>(*exec_);
+    opt_->zero_grad(*exec_, /*set_to_none=*/true);
+    ++optimizer_steps_;
+    if (schedule_) opt_->set_lr(schedule_(optimizer_steps_));
+  }
+
+  Model* model_;
+  Optimizer* opt_;
+  Exec* exec_;
+  Loss loss_fn_;
+  StepOptions options_;
+  ag::Tape<Exec> tape_;
+  GradScaler<space> scaler_;
+  Input input_;
+  Tensor<float, space, dyn> window_;  // a ring: the latest loss_window losses
+  index_t window_used_ = 0, window_next_ = 0, losses_dropped_ = 0;
+  index_t accumulate_ = 1;
+  index_t micro_batches_ = 0;
+  index_t optimizer_steps_ = 0;
+  bool stepped_ = false;
+  std::function<double(index_t)> schedule_;
+  bool record_next_ = false, recording_ = false, was_recording_ = false;
+  std::size_t records_before_ = 0;
+  std::vector<LaunchRecord> recorded_;
+  index_t recorded_batch_ = 0;
+};
+
+}  // namespace kiln::train
