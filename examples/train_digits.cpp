@@ -98,10 +98,12 @@ void train(const Options& o, const kiln::data::Dataset& train_set, const kiln::d
                 epoch_seconds.back());
   }
   std::sort(epoch_seconds.begin(), epoch_seconds.end());
-  std::printf("final test accuracy %.4f; total %.2f s; median epoch %.4f s; waited for data %.4f s\n",
-              kiln::train::accuracy(model, exec, test_set), seconds_since(start),
-              epoch_seconds[epoch_seconds.size() / 2], loader.wait_seconds());
-  std::printf("%s", kiln::train::report(step).str().c_str());
+  const auto rep = kiln::train::report(step);
+  std::printf("%sfinal test accuracy %.4f; total %.2f s; median epoch %.4f s; waited for data %.4f s\n"
+              "%.1f kernels per training step (%lld predicted at compile time)\n",
+              rep.str().c_str(), kiln::train::accuracy(model, exec, test_set), seconds_since(start),
+              epoch_seconds[epoch_seconds.size() / 2], loader.wait_seconds(), rep.kernels_per_step,
+              (long long)rep.predicted);
 }
 
 template <class Space>

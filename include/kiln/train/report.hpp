@@ -88,6 +88,15 @@ namespace detail {
 // Why a launch of this kind and name ends a fused region.
 inline std::string boundary_reason(std::string_view kind_name, std::string_view name, bool eager) {
   const std::string_view k = kind_name;
+  // Launches kiln adds for a policy, named for what they are for.
+  if (name == "round_input")
+    return "the batch rounded once to the low type: the first GEMM reads low-precision operands";
+  if (name == "round_weight")
+    return "a low-precision copy of an fp32 master weight, refreshed after each optimizer step";
+  if (name == "unscale_check")
+    return "gradients unscaled and checked for inf/NaN in one pass, before the optimizer may use them";
+  if (name == "scaler_update")
+    return "the loss scale grows or backs off on the device, after the optimizer (no host synchronisation)";
   if (k == kind::gemm) {
     if (name.find('+') != std::string_view::npos)
       return "a GEMM is a library call; the elementwise work named after it rides its epilogue";
@@ -100,7 +109,7 @@ inline std::string boundary_reason(std::string_view kind_name, std::string_view 
   if (k == kind::optimizer)
     return eager ? "force_eager: one tensor at a time, node by node"
                  : "ONE multi-tensor kernel updates every parameter; nothing else runs between backward and it";
-  if (k == kind::copy) return "a copy between buffers (labels kept for backward, a flatten)";
+  if (k == kind::copy) return "a copy between buffers (the labels kept for backward, a flatten)";
   if (k == kind::elementwise) {
     if (name == "seed") return "backward's seed, d(loss)/d(loss) (times the loss scale): it starts the backward";
     return eager ? "force_eager: every expression node is its own kernel"
