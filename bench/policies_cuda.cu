@@ -1,4 +1,5 @@
-// bench/policies_cuda — bench/policies on a CUDA device (skips with a message without one):
+// bench/policies_cuda — bench/policies on a CUDA device (without one: a skip line and exit 0, or
+// exit 2 when KILN_REQUIRE_DEVICE is set):
 // step time per optimizer step under every precision × stance × accumulation, the device
 // synchronised around each timed step.
 //
@@ -13,10 +14,6 @@
 int main(int argc, char** argv) {
   int steps = 50;
   if (argc == 3 && std::string(argv[1]) == "--steps") steps = std::atoi(argv[2]);
-  if (!kiln::cu::device_available()) {
-    std::printf("{\"bench\": \"policies\", \"backend\": \"cuda\", \"skipped\": \"%s\"}\n",
-                kiln::cu::device_unavailable_reason().c_str());
-    return 0;
-  }
+  if (!kiln::cu::device_available()) return kiln::cu::report_no_device("policies_cuda");
   kiln_bench::all_policies<kiln::cuda>("cuda", steps, 0, [](kiln::CudaExecutor& e) { e.synchronize(); });
 }

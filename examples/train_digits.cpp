@@ -133,9 +133,11 @@ int main(int argc, char** argv) try {
     run<kiln::cuda>(o, train_set, test_set);
     return 0;
   }
+  if (kiln::device_required()) return kiln::cu::report_no_device("train_digits");  // KILN_REQUIRE_DEVICE
   std::printf("device: CPU, %d thread%s (no CUDA device: %s)\n", o.threads, o.threads == 1 ? "" : "s",
               kiln::cu::device_unavailable_reason().c_str());
 #else
+  KILN_CHECK(!kiln::device_required(), kiln::ValueError, "KILN_REQUIRE_DEVICE is set, but this build has no CUDA");
   std::printf("device: CPU, %d thread%s (this build has no CUDA: nvcc was not found)\n", o.threads,
               o.threads == 1 ? "" : "s");
 #endif

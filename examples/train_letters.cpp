@@ -75,6 +75,9 @@ int main(int argc, char** argv) try {
     fit<kiln::cuda>(o, train_set, test_set);
     return 0;
   }
+  if (kiln::device_required()) return cu::report_no_device("train_letters");  // KILN_REQUIRE_DEVICE
+#else
+  KILN_CHECK(!kiln::device_required(), ValueError, "KILN_REQUIRE_DEVICE is set, but this build has no CUDA");
 #endif
   fit<kiln::host>(o, train_set, test_set);
   return 0;

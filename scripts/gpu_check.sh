@@ -1,31 +1,38 @@
 #!/usr/bin/env bash
-# The prepared GPU check for a lent H200: build for sm_90, run the CUDA tests, the training-step
-# and fusion benchmarks, the train_digits example on the GPU and (for comparison) on the CPU,
-# and the CUDA tests again under compute-sanitizer memcheck. Everything lands under $OUT
-# (default ./out) as logs and JSON lines, with a short summary in $OUT/summary.txt. Run from
-# the repository root.
+# The prepared GPU check for a lent H200, run from the repository root:
+#   OUT=/some/dir scripts/gpu_check.sh
+# builds for sm_90 and runs, with KILN_REQUIRE_DEVICE=1 (so nothing can "pass" by skipping):
+#   the CUDA tests; the benchmarks (train_step_cuda beside PyTorch CUDA eager, policies_cuda,
+#   fusion_cuda, kernels_cuda); train_digits on the GPU and, for comparison, on the CPU; and
+#   compute-sanitizer's memcheck, racecheck and initcheck on chosen subsets of the CUDA tests.
+# Everything lands under $OUT (default ./out): logs, bench.jsonl (one JSON line per measurement)
+# and summary.txt, which the script prints at the end.
 #
-# It is sized to finish in about 8 minutes on 16 cores: only the needed targets are built,
-# every step runs under `timeout`, and no step may run past the budget (GPU_CHECK_BUDGET_S,
-# default 480 s from the start; the build alone at most GPU_CHECK_BUILD_S, default 300 s); a
-# step that would start with under 10 s left is skipped. One failing step does not stop the
-# others; the exit status is 1 when any step failed. JOBS (default 16) sets the build's -j.
+# Sized for 8 minutes of a 16-core machine (scripts/README.md has the measured compile times):
+# one `-j` build of only the needed targets (Ninja when present), every step under `timeout`
+# with its own cap, and a total budget (GPU_CHECK_BUDGET_S, default 480 s): a step that would
+# start with under 10 s left is skipped — and a skipped step fails the check. One failing step
+# never stops the others. Exit status: 0 when every step ran and passed, 1 otherwise; 2 at once
+# when there is no usable device (nvidia-smi fails) — the reason is printed.
 set -uo pipefail
 OUT=${OUT:-out}
 BUDGET=${GPU_CHECK_BUDGET_S:-480}
-BUILD_CAP=${GPU_CHECK_BUILD_S:-300}
+BUILD_CAP=${GPU_CHECK_BUILD_S:-240}
 JOBS=${JOBS:-16}
+BUILD=${GPU_CHECK_BUILD_DIR:-build-gpu}
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
 : > "$OUT/bench.jsonl"
 : > "$OUT/bench.err"
 export PATH=/usr/local/cuda/bin:$PATH
+export KILN_REQUIRE_DEVICE=1
 failed=0
 
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
 # step NAME CAP_S STDOUT STDERR CMD... — runs CMD under timeout min(CAP_S, budget left),
-# appending its output to STDOUT and STDERR (may be the same file); notes rc and seconds.
+# appending its output to STDOUT and STDERR (may be the same file); notes rc and seconds. A
+# step the budget cannot start counts as a failure.
 step() {
   local name=$1 cap=$2 out=$3 err=$4 t0=$SECONDS rc
   shift 4
@@ -33,6 +40,7 @@ step() {
   local limit=$((cap < left ? cap : left))
   if ((limit < 10)); then
     note "$name: SKIPPED (budget of ${BUDGET} s spent)"
+    failed=1
     return 125
   fi
   timeout -k 10 "$limit" "$@" >> "$out" 2>> "$err"
@@ -40,43 +48,48 @@ step() {
   local why=""
   ((rc == 124 || rc == 137)) && why=", timed out after ${limit} s"
   note "$name: rc=$rc ($((SECONDS - t0)) s$why)"
+  ((rc == 0)) || failed=1
   return $rc
 }
 
-# ---- device, configure, build ----------------------------------------------------------------
-step nvidia-smi 30 "$OUT/gpu.txt" "$OUT/gpu.txt" \
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv || failed=1
+# ---- the device, first: without one there is nothing to check ---------------------------------
+if ! nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > "$OUT/gpu.txt" 2>&1; then
+  note "no usable GPU: nvidia-smi failed: $(tail -n 1 "$OUT/gpu.txt")"
+  exit 2
+fi
+note "gpu: $(sed -n 2p "$OUT/gpu.txt")"
 
-targets=(kiln_tests_cuda bench_fusion_cuda bench_train_step_cuda train_digits)
+# ---- inputs the build and the examples need, with no registry to install from -----------------
+# doctest: the tests fall back to third_party/doctest when it is not installed (CMake says so).
+# zlib: without its headers kiln reads data/x for data/x.gz, so decompress beside them.
+if [ ! -f /usr/include/zlib.h ]; then
+  note "zlib.h missing: decompressing data/*.gz beside the originals"
+  for f in data/*.gz; do gunzip -kf "$f"; done
+fi
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer 2> /dev/null)
+
+# ---- configure and build: one -j build of the needed targets ----------------------------------
+targets=(kiln_tests_cuda bench_train_step_cuda bench_policies_cuda bench_fusion_cuda bench_kernels_cuda train_digits)
+declare -A bin=([kiln_tests_cuda]=$BUILD/tests/kiln_tests_cuda [bench_train_step_cuda]=$BUILD/bench/train_step_cuda
+                [bench_policies_cuda]=$BUILD/bench/policies_cuda [bench_fusion_cuda]=$BUILD/bench/fusion_cuda
+                [bench_kernels_cuda]=$BUILD/bench/kernels_cuda [train_digits]=$BUILD/examples/train_digits)
 gen=()
-[ -f build-gpu/CMakeCache.txt ] || ! command -v ninja > /dev/null || gen=(-G Ninja)
-cfg=(cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
-     -DKILN_BUILD_EXAMPLES=ON -DKILN_BUILD_BENCH=ON)
-if ! step configure 120 "$OUT/configure.log" "$OUT/configure.log" "${cfg[@]}" -DKILN_BUILD_TESTS=ON; then
-  failed=1  # most likely doctest is missing: keep the benchmarks and the example
-  step configure-without-tests 120 "$OUT/configure.log" "$OUT/configure.log" "${cfg[@]}" -DKILN_BUILD_TESTS=OFF
-  targets=(bench_fusion_cuda bench_train_step_cuda train_digits)
-fi
-
-# A target counts as built when its program exists after the build: the programs are removed
-# first (objects stay, so a rerun only relinks), so a stale one never passes for a new one.
-declare -A bin=([kiln_tests_cuda]=build-gpu/tests/kiln_tests_cuda [bench_fusion_cuda]=build-gpu/bench/fusion_cuda
-                [bench_train_step_cuda]=build-gpu/bench/train_step_cuda [train_digits]=build-gpu/examples/train_digits)
+[ -f "$BUILD/CMakeCache.txt" ] || ! command -v ninja > /dev/null || gen=(-G Ninja)
+step configure 120 "$OUT/configure.log" "$OUT/configure.log" cmake -S . -B "$BUILD" "${gen[@]}" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_BUILD_TESTS=ON -DKILN_BUILD_EXAMPLES=ON \
+  -DKILN_BUILD_BENCH=ON
+# The programs are removed first (objects stay, so a rerun only relinks): a stale one never
+# passes for a new one.
 for t in "${targets[@]}"; do rm -f "${bin[$t]}"; done
-if grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' build-gpu/CMakeCache.txt 2> /dev/null; then
-  step build "$BUILD_CAP" "$OUT/build.log" "$OUT/build.log" cmake --build build-gpu -j"$JOBS" --target "${targets[@]}" -- -k 0
-else
-  # CMake's Makefiles build several --target's one after another (.NOTPARALLEL): side by side here.
-  for t in "${targets[@]}"; do
-    step "build $t" "$BUILD_CAP" "$OUT/build_$t.log" "$OUT/build_$t.log" cmake --build build-gpu -j"$JOBS" --target "$t" &
-  done
-  wait
-fi
+step build "$BUILD_CAP" "$OUT/build.log" "$OUT/build.log" cmake --build "$BUILD" -j"$JOBS" --target "${targets[@]}"
 declare -A built=()
 for t in "${targets[@]}"; do
-  if [ -x "${bin[$t]}" ]; then built[$t]=1; else note "build $t: FAILED (see $OUT/build*.log)"; failed=1; fi
+  if [ -x "${bin[$t]}" ]; then built[$t]=1; else note "build $t: FAILED (see $OUT/build.log)"; failed=1; fi
 done
-cat "$OUT"/build*.log 2> /dev/null | grep -E 'error|warning' | head -40 > "$OUT/build_problems.txt"
+grep -E 'error|warning' "$OUT/build.log" | head -40 > "$OUT/build_problems.txt"
+# Per-file compile times (Ninja's log), slowest first: what the build bound is made of.
+[ -f "$BUILD/.ninja_log" ] && awk 'NR > 1 { printf "%.1f s %s\n", ($2 - $1) / 1000, $4 }' "$BUILD/.ninja_log" |
+  sort -rn | head -20 > "$OUT/compile_times.txt"
 
 # run TARGET NAME CAP_S STDOUT STDERR CMD... — step, when TARGET was built.
 run() {
@@ -87,37 +100,66 @@ run() {
     failed=1
     return
   fi
-  step "$name" "$@" || failed=1
+  step "$name" "$@"
 }
 
-# ---- runs, the quick and new ones first; memcheck last, with what is left ----------------------
-run kiln_tests_cuda cuda-tests 120 "$OUT/cuda_tests.log" "$OUT/cuda_tests.log" build-gpu/tests/kiln_tests_cuda
-run bench_train_step_cuda bench-train-step-cuda 120 "$OUT/bench.jsonl" "$OUT/bench.err" \
-  build-gpu/bench/train_step_cuda
-run train_digits train-digits-cuda 300 "$OUT/train_digits_cuda.log" "$OUT/train_digits_cuda.log" \
-  build-gpu/examples/train_digits --data-dir data
-# The same binary on the CPU backend: with no visible device it falls back to the CPU.
-run train_digits train-digits-cpu 120 "$OUT/train_digits_cpu.log" "$OUT/train_digits_cpu.log" \
-  env CUDA_VISIBLE_DEVICES= build-gpu/examples/train_digits --data-dir data
-run bench_fusion_cuda bench-fusion-cuda 120 "$OUT/bench.jsonl" "$OUT/bench.err" build-gpu/bench/fusion_cuda
-run kiln_tests_cuda memcheck 300 "$OUT/memcheck.log" "$OUT/memcheck.log" \
-  compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/kiln_tests_cuda
+T=$BUILD/tests/kiln_tests_cuda
+# ---- tests, benchmarks, examples --------------------------------------------------------------
+run kiln_tests_cuda cuda-tests 120 "$OUT/cuda_tests.log" "$OUT/cuda_tests.log" "$T"
+# train_step_cuda runs PyTorch's CUDA eager step itself (bench/torch_train_step.py --device cuda,
+# python3 from PATH) in the same run, and fails under KILN_REQUIRE_DEVICE when it got no times.
+run bench_train_step_cuda bench-train-step-cuda 90 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/train_step_cuda"
+run bench_policies_cuda bench-policies-cuda 60 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/policies_cuda"
+run bench_kernels_cuda bench-kernels-cuda 60 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/kernels_cuda"
+run bench_fusion_cuda bench-fusion-cuda 60 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/fusion_cuda"
+run train_digits train-digits-cuda 60 "$OUT/train_digits_cuda.log" "$OUT/train_digits_cuda.log" \
+  "$BUILD/examples/train_digits" --data-dir data
+# The same binary on the CPU backend: no visible device, and no device required for this run.
+run train_digits train-digits-cpu 60 "$OUT/train_digits_cpu.log" "$OUT/train_digits_cpu.log" \
+  env CUDA_VISIBLE_DEVICES= KILN_REQUIRE_DEVICE=0 "$BUILD/examples/train_digits" --data-dir data
+
+# ---- compute-sanitizer on chosen subsets (doctest's -sf: source files; -tce: cases left out) ----
+# --report-api-errors no: the runtime tests fail API calls on purpose (cudaSetDevice(-1), a
+# 1 PiB cudaMalloc); everything else stays an error. The subsets keep memcheck to the step, the
+# layers, the optimizers, the loader, the scaler, the row kernels and the streams (without the
+# 2^26-element cases); racecheck to the kernels with shared memory; initcheck to the step.
+sanitize() {
+  local tool=$1 cap=$2
+  shift 2
+  if [ -z "$SANITIZER" ]; then
+    note "$tool: SKIPPED (compute-sanitizer not found)"
+    failed=1
+    return
+  fi
+  run kiln_tests_cuda "$tool" "$cap" "$OUT/$tool.log" "$OUT/$tool.log" \
+    "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 9 "$T" "$@"
+}
+sanitize memcheck 150 -sf='*test_cuda_step*,*test_cuda_nn*,*test_cuda_optim_loader*,*test_cuda_grad_scaler*,*test_cuda_kernels*,*test_cuda_rowwise*,*test_cuda_streams*,*test_cuda_linear*' \
+  -tce='*non-blocking stream*,*waits for the kernel*,*waits for the work*,*(large)*'
+sanitize racecheck 60 -sf='*test_cuda_kernels*,*test_cuda_rowwise*' -tce='*(large)*'
+sanitize initcheck 60 -sf='*test_cuda_step*,*test_cuda_grad_scaler*'
+
+# ---- nothing may have been skipped -------------------------------------------------------------
+if grep -l -i -E '(^|: |")skipped' "$OUT"/*.log "$OUT/bench.jsonl" > "$OUT/skipped.txt" 2> /dev/null; then
+  note "FAILED: a program skipped its work: $(tr '\n' ' ' < "$OUT/skipped.txt")"
+  failed=1
+fi
 
 # ---- summary ---------------------------------------------------------------------------------
 {
   echo "---- results (total $SECONDS s)"
-  sed -n 2p "$OUT/gpu.txt" 2> /dev/null
-  for f in cuda_tests memcheck; do
-    [ -f "$OUT/$f.log" ] && grep -E '^\[doctest\] (test cases|assertions)|ERROR SUMMARY|skipped' "$OUT/$f.log" | sed "s/^/$f: /"
+  for f in cuda_tests memcheck racecheck initcheck; do
+    [ -f "$OUT/$f.log" ] && grep -E '^\[doctest\] (test cases|assertions)|ERROR SUMMARY|RACECHECK SUMMARY|skipped|FAILED' \
+      "$OUT/$f.log" | sed "s/^/$f: /"
   done
-  grep '"train_step"' "$OUT/bench.jsonl"
-  echo "fusion_cuda: $(grep -c '"fusion"' "$OUT/bench.jsonl") lines in bench.jsonl"
+  grep -h -E '"(train_step|policies|kernels|fusion)' "$OUT/bench.jsonl"
   for d in cuda cpu; do
-    [ -f "$OUT/train_digits_$d.log" ] && grep -aE '^(device:|final test accuracy|fusion report)' \
+    [ -f "$OUT/train_digits_$d.log" ] && grep -aE '^(device:|final test accuracy|[0-9.]+ kernels per training step)' \
       "$OUT/train_digits_$d.log" | sed "s/^/train_digits_$d: /"
   done
   [ -s "$OUT/bench.err" ] && { echo "bench.err:"; tail -n 5 "$OUT/bench.err"; }
   [ -s "$OUT/build_problems.txt" ] && echo "build problems: $(wc -l < "$OUT/build_problems.txt") lines in build_problems.txt"
+  [ -s "$OUT/compile_times.txt" ] && { echo "slowest compiles:"; head -5 "$OUT/compile_times.txt"; }
 } >> "$OUT/summary.txt" 2> /dev/null
 echo "========== summary"
 cat "$OUT/summary.txt"

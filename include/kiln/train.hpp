@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kiln.hpp"
+#include "kiln/core/device_required.hpp"
 #include "kiln/data/batch_loader.hpp"
 #include "kiln/data/csv.hpp"
 #include "kiln/data/idx.hpp"

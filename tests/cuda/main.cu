@@ -2,7 +2,8 @@
 //
 // Without a usable device (no GPU, or a driver older than the runtime) it prints one line saying
 // why and exits 0: the CUDA tests are built wherever nvcc exists, and a machine without a GPU is
-// not a failure. With a device, doctest runs normally (command-line options included).
+// not a failure — unless KILN_REQUIRE_DEVICE=1 asks for a device (the GPU check script): then it
+// exits 2. With a device, doctest runs normally (command-line options included).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -12,11 +13,7 @@
 #include "kiln/backend/cuda/device.cuh"
 
 int main(int argc, char** argv) {
-  if (!kiln::cu::device_available()) {
-    const std::string reason = kiln::cu::device_unavailable_reason();
-    std::printf("kiln CUDA tests: skipped — no CUDA device (%s)\n", reason.c_str());
-    return 0;
-  }
+  if (!kiln::cu::device_available()) return kiln::cu::report_no_device("kiln CUDA tests");
   std::printf("kiln CUDA tests: running on %s\n", kiln::cu::device_name().c_str());
   doctest::Context context;
   context.applyCommandLine(argc, argv);

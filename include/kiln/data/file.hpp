@@ -126,8 +126,16 @@ inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> packed,
 #endif
 }
 
-// The file's content, decompressed when it starts with the gzip magic (whatever its name).
+// The file's content, decompressed when it starts with the gzip magic (whatever its name). A
+// build without zlib reads "x" for "x.gz" when "x" exists (decompressed beside it, e.g. by
+// `gunzip -k`), so a machine without zlib's headers can still run the examples.
 inline std::vector<std::uint8_t> read_file(const std::filesystem::path& path) {
+  if (!have_zlib && path.extension() == ".gz") {
+    std::filesystem::path plain = path;
+    plain.replace_extension();
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(plain, ec)) return read_raw_file(plain);
+  }
   std::vector<std::uint8_t> bytes = read_raw_file(path);
   if (is_gzip(bytes)) return gunzip(bytes, path.string());
   return bytes;

@@ -43,7 +43,12 @@ struct space_ops<cuda> {
   }
   template <class T>
   static void zero(T* p, index_t n) {
-    if (n > 0) KILN_CUDA_CHECK(cudaMemset(p, 0, std::size_t(n) * sizeof(T)));
+    // Once per parameter when a table is built (not per step): a device-wide wait makes the
+    // zeros visible to an executor on any stream, non-blocking ones included.
+    if (n > 0) {
+      KILN_CUDA_CHECK(cudaMemsetAsync(p, 0, std::size_t(n) * sizeof(T), cudaStream_t{}));
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    }
   }
 };
 

@@ -6,8 +6,10 @@
 //   xhat = (x - mean) * rstd,  gw = g * weight,
 //   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)),
 // and ONE kernel over columns for dweight = sum_rows(g * xhat) and dbias = sum_rows(g).
-// The kernels are functors, so they run on every executor: one work item per row, and one per
-// column for the affine gradients; the saved mean / rstd live in the executor's space.
+// The kernels are functors, so they run on every executor: on the CPU one work item per row, and
+// one per column for the affine gradients; on CUDA a warp or a block per row (`row(team, r)`) and
+// tiled, deterministic column sums (`terms` / `finish`; kiln/backend/cuda/rowwise.cuh). The saved
+// mean / rstd live in the executor's space.
 #pragma once
 
 #include <algorithm>
@@ -55,6 +57,26 @@ struct LayerNormRows {
       for (index_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs + T(0);
     }
   }
+  template <class Team>
+  KILN_DEVICE void row(const Team& t, index_t r) const {
+    const T* xr = x + r * cols;
+    T sum = 0;
+    for (index_t c = t.rank(); c < cols; c += t.size()) sum += xr[c];
+    const T mu = t.sum(sum) / T(cols);
+    T var = 0;
+    for (index_t c = t.rank(); c < cols; c += t.size()) var += (xr[c] - mu) * (xr[c] - mu);
+    const T rs = T(1) / math::sqrt(t.sum(var) / T(cols) + eps);
+    if (t.rank() == 0) {
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+    T* yr = y + r * cols;
+    if (w) {
+      for (index_t c = t.rank(); c < cols; c += t.size()) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
+    } else {
+      for (index_t c = t.rank(); c < cols; c += t.size()) yr[c] = (xr[c] - mu) * rs + T(0);
+    }
+  }
 };
 
 // dx's row r; w null means weight 1.
@@ -87,10 +109,30 @@ struct LayerNormBackwardRows {
       put_grad(dr[c], T(rs * (gw - a - xhat * b)), add);
     }
   }
+  template <class Team>
+  KILN_DEVICE void row(const Team& t, index_t r) const {
+    const T* xr = x + r * cols;
+    const T* gr = g + r * cols;
+    const T mu = mean[r], rs = rstd[r];
+    T a = 0, b = 0;
+    for (index_t c = t.rank(); c < cols; c += t.size()) {
+      const T gw = w ? T(gr[c] * w[c]) : gr[c];
+      a += gw;
+      b += gw * (xr[c] - mu) * rs;
+    }
+    a = t.sum(a) / T(cols);
+    b = t.sum(b) / T(cols);
+    T* dr = dx + r * cols;
+    for (index_t c = t.rank(); c < cols; c += t.size()) {
+      const T xhat = (xr[c] - mu) * rs;
+      const T gw = w ? T(gr[c] * w[c]) : gr[c];
+      put_grad(dr[c], T(rs * (gw - a - xhat * b)), add);
+    }
+  }
 };
 
-// Column c of dweight and dbias (either may be null), summed in row order: deterministic on
-// every executor whatever its thread count.
+// Column c of dweight and dbias (either may be null), summed in row order on the CPU and in a
+// fixed tile order on CUDA: deterministic on every executor whatever its thread count.
 template <class T>
 struct LayerNormAffineBackward {
   T* gw;
@@ -110,6 +152,18 @@ struct LayerNormAffineBackward {
     }
     if (gw) put_grad(gw[c], sw, add_w);
     if (gb) put_grad(gb[c], sb, add_b);
+  }
+  // As column sums in tiles (CUDA): the two terms at (r, c), and column c's two sums.
+  using sum_type = T;
+  static constexpr int sums = 2;
+  KILN_HOST_DEVICE void terms(index_t r, index_t c, T (&v)[2]) const {
+    const T gv = g[r * cols + c];
+    v[0] = gv * (x[r * cols + c] - mean[r]) * rstd[r];
+    v[1] = gv;
+  }
+  KILN_HOST_DEVICE void finish(index_t c, const T (&s)[2]) const {
+    if (gw) put_grad(gw[c], s[0], add_w);
+    if (gb) put_grad(gb[c], s[1], add_b);
   }
 };
 

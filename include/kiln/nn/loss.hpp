@@ -1,7 +1,8 @@
 // kiln/nn/loss.hpp — losses as autograd ops that return a scalar variable.
 //
 // cross_entropy fuses log-softmax and the negative log-likelihood: forward is ONE pass over the
-// rows (it saves each row's log-sum-exp), backward ONE pass over the logits:
+// rows (it saves each row's log-sum-exp; on CUDA a warp or a block per row) and, on a device, ONE
+// block reduction of the rows' losses; backward ONE pass over the logits:
 //   dlogits = (softmax - ((1 - eps) * onehot(label) + eps / C)) * g / B    (g / 1 for sum)
 // mse_loss forward is ONE fused reduction of (pred - target)^2, backward ONE elementwise kernel.
 #pragma once
@@ -63,6 +64,26 @@ struct CrossEntropyRows {
     }
     per_row[r] = on * (l - convert<C>(xr[y])) + eps * (l - sx / C(cols));
   }
+  // The same row on a team of threads (CUDA: kiln/backend/cuda/rowwise.cuh).
+  template <class Team>
+  KILN_DEVICE void row(const Team& t, index_t r) const {
+    const T* xr = x + r * cols;
+    C m = -std::numeric_limits<C>::infinity(), sx = 0, se = 0;
+    for (index_t c = t.rank(); c < cols; c += t.size()) m = convert<C>(xr[c]) > m ? convert<C>(xr[c]) : m;
+    m = cols > 0 ? t.max(m) : C(0);
+    for (index_t c = t.rank(); c < cols; c += t.size()) {
+      se += math::exp(convert<C>(xr[c]) - m);
+      sx += convert<C>(xr[c]);
+    }
+    se = t.sum(se);
+    sx = t.sum(sx);
+    if (t.rank() != 0) return;
+    const C l = m + math::log(se);
+    lse[r] = l;
+    const std::int32_t y = labels[r];
+    per_row[r] = y < 0 || y >= cols ? std::numeric_limits<C>::quiet_NaN()
+                                    : on * (l - convert<C>(xr[y])) + eps * (l - sx / C(cols));
+  }
 };
 
 // out[0] = scale * (the rows' losses summed in row order): deterministic on every executor.
@@ -76,6 +97,14 @@ struct CrossEntropySum {
     T total = 0;
     for (index_t r = 0; r < rows; ++r) total += per_row[r];
     out[0] = total * scale;
+  }
+  // One team sums all rows (CUDA: a block reduction in a fixed order, deterministic too).
+  template <class Team>
+  KILN_DEVICE void row(const Team& t, index_t) const {
+    T total = 0;
+    for (index_t r = t.rank(); r < rows; r += t.size()) total += per_row[r];
+    total = t.sum(total);
+    if (t.rank() == 0) out[0] = total * scale;
   }
 };
 
@@ -133,6 +162,16 @@ struct NllRows {
     for (index_t c = 0; c < cols; ++c) sum += lr[c];
     per_row[r] = -(on * lr[y]) - eps * (sum / T(cols));
   }
+  template <class Team>
+  KILN_DEVICE void row(const Team& t, index_t r) const {
+    const T* lr = logp + r * cols;
+    T sum = 0;
+    for (index_t c = t.rank(); c < cols; c += t.size()) sum += lr[c];
+    sum = t.sum(sum);
+    if (t.rank() != 0) return;
+    const std::int32_t y = labels[r];
+    per_row[r] = y < 0 || y >= cols ? std::numeric_limits<T>::quiet_NaN() : -(on * lr[y]) - eps * (sum / T(cols));
+  }
 };
 template <class T>
 struct NllBackward {
@@ -147,6 +186,14 @@ struct NllBackward {
     put_grad(dx[r * cols + c], T(-g[0] * scale * target), add);
   }
 };
+
+// A row kernel of kind::loss: for_each_element(rows, 1) on the host, as it always ran there (the
+// CPU is the reference), and a warp or a block per row on an executor with cooperative kernels.
+template <class Exec, class F>
+void loss_rows(Exec& exec, index_t rows, index_t cols, const F& f, const char* name, std::size_t bytes) {
+  if constexpr (std::is_same_v<typename Exec::space, host>) exec.for_each_element(rows, 1, f, kind::loss, name, bytes);
+  else launch_lines<false>(exec, rows, cols, f, name, bytes, kind::loss);
+}
 
 template <class I>
 struct CopyLabels {
@@ -197,12 +244,13 @@ ag::Var<T, S> nll_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logp, co
   const T on = T(1.0 - eps), off = T(eps / double(cols > 0 ? cols : 1));
   auto per_row = std::make_shared<Tensor<T, S, dyn>>(Shape{rows});
   const std::size_t bytes = std::size_t(rows * cols) * sizeof(T);
-  tape.exec().for_each_element(rows, 1, detail::NllRows<T>{logp.value().data(), saved->data(), per_row->data(), cols, on, T(eps)},
-                               kind::loss, "nll_loss", bytes);
+  detail::loss_rows(tape.exec(), rows, cols,
+                    detail::NllRows<T>{logp.value().data(), saved->data(), per_row->data(), cols, on, T(eps)},
+                    "nll_loss", bytes);
   ag::Var<T, S> out(Tensor<T, S>{});
   const detail::CrossEntropySum<T> total{per_row->data(), out.value().data(), rows, scale};
   if constexpr (std::is_same_v<S, host>) total(0, 0);
-  else tape.exec().for_each_element(1, 1, total, kind::loss, "nll_loss_sum", std::size_t(rows) * sizeof(T));
+  else detail::launch_lines<false>(tape.exec(), 1, rows, total, "nll_loss_sum", std::size_t(rows) * sizeof(T), kind::loss);
   if (!logp.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
   tape.record(out, {logp.data()}, [xd = logp.data(), saved, rows, cols, scale, on, off, bytes](Exec& exec, auto& od) {
@@ -218,8 +266,9 @@ ag::Var<T, S> nll_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logp, co
 }
 
 // Cross-entropy of logits [B, C] against integer class labels (B of them, each in [0, C)).
-// Forward is ONE row kernel (exec.for_each_element(B, 1, ...)); the rows' mean or sum is taken
-// in row order, inline on the host and as one single-thread kernel on a device.
+// Forward is ONE row kernel (a work item per row on the host, a warp or a block per row on a
+// device); the rows' mean or sum is taken inline on the host in row order and as ONE block
+// reduction on a device (a fixed tree order: deterministic too).
 // requires: labels points at B integers in the executor's space: host memory for the
 //   CpuExecutor (copied and checked here; the pointer may die afterwards), DEVICE memory for
 //   the CudaExecutor (copied by a kernel on the executor's stream, so it must stay valid until
@@ -245,13 +294,14 @@ ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S,
   auto lse = std::make_shared<Tensor<F, S, dyn>>(Shape{2 * rows});
   F* LSE = lse->data();
   const std::size_t bytes = std::size_t(rows * cols) * sizeof(T);
-  tape.exec().for_each_element(
-      rows, 1, detail::CrossEntropyRows<T>{logits.value().data(), saved_labels->data(), LSE, LSE + rows, cols, on, F(eps)},
-      kind::loss, "cross_entropy", bytes);
+  detail::loss_rows(tape.exec(), rows, cols,
+                    detail::CrossEntropyRows<T>{logits.value().data(), saved_labels->data(), LSE, LSE + rows, cols, on,
+                                                F(eps)},
+                    "cross_entropy", bytes);
   ag::Var<F, S> out(Tensor<F, S>{});
   const detail::CrossEntropySum<F> total{LSE + rows, out.value().data(), rows, scale};
   if constexpr (std::is_same_v<S, host>) total(0, 0);
-  else tape.exec().for_each_element(1, 1, total, kind::loss, "cross_entropy_sum", std::size_t(rows) * sizeof(F));
+  else detail::launch_lines<false>(tape.exec(), 1, rows, total, "cross_entropy_sum", std::size_t(rows) * sizeof(F), kind::loss);
   if (!logits.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
   tape.record(out, {logits.data()},

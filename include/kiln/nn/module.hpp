@@ -149,13 +149,16 @@ class EvalScope {
 namespace detail {
 
 // f for every row (f(r, 0), r < n) or, with PerColumn, every column (f(0, c), c < n), each
-// item `len` elements of work, as ONE launch of kind::norm. On the CPU the items are split
-// across threads by their length (for_each_element(n, 1) would give a thread up to `grain`
-// whole items, so most inputs would run on one thread); elsewhere one work item each.
+// item `len` elements of work, as ONE launch of kind k. On the CPU the items are split across
+// threads by their length (for_each_element(n, 1) would give a thread up to `grain` whole items,
+// so most inputs would run on one thread). On an executor with cooperative kernels (CUDA,
+// kiln/backend/cuda/rowwise.cuh) f gives them its row as `row(team, r)`, run by a warp or a block
+// per row, or its column sums as `terms` / `finish`, summed in tiles; elsewhere one work item each.
 template <bool PerColumn, class Exec, class F>
-void launch_lines(Exec& exec, index_t n, index_t len, const F& f, const char* name, std::size_t bytes) {
+void launch_lines(Exec& exec, index_t n, index_t len, const F& f, const char* name, std::size_t bytes,
+                  const char* k = kind::norm) {
   if constexpr (std::is_same_v<typename Exec::space, host>) {
-    exec.stats().count(kind::norm, name, n * len, bytes);
+    exec.stats().count(k, name, n * len, bytes);
     exec.parallel_for(n, std::max<index_t>(1, Exec::grain / std::max<index_t>(len, 1)), [&](index_t b, index_t e) {
       const F local = f;  // a private copy keeps its pointers in registers
       for (index_t i = b; i < e; ++i) {
@@ -163,10 +166,14 @@ void launch_lines(Exec& exec, index_t n, index_t len, const F& f, const char* na
         else local(i, 0);
       }
     });
+  } else if constexpr (PerColumn && requires { exec.column_sums(len, n, f, k, name, bytes); }) {
+    exec.column_sums(len, n, f, k, name, bytes);
+  } else if constexpr (!PerColumn && requires { exec.for_each_row(n, len, f, k, name, bytes); }) {
+    exec.for_each_row(n, len, f, k, name, bytes);
   } else if constexpr (PerColumn) {
-    exec.for_each_element(1, n, f, kind::norm, name, bytes);
+    exec.for_each_element(1, n, f, k, name, bytes);
   } else {
-    exec.for_each_element(n, 1, f, kind::norm, name, bytes);
+    exec.for_each_element(n, 1, f, k, name, bytes);
   }
 }
 

@@ -4,11 +4,14 @@
 // row, numerically stable by subtracting the row's max) and backward is ONE kernel that needs
 // only the saved output:
 //   log_softmax: dx = g - softmax * sum(g)          softmax: dx = y * (g - sum(g * y))
-// The kernels are functors, so they run on every executor (one work item per row).
+// The kernels are functors, so they run on every executor: one work item per row on the CPU,
+// and on CUDA `row(team, r)`, a warp or a block per row with coalesced loads and tree reductions
+// (kiln/backend/cuda/rowwise.cuh; launch_lines picks it).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <type_traits>
 
 #include "kiln/expr/math.hpp"
@@ -60,6 +63,25 @@ struct SoftmaxRows {
       for (index_t c = 0; c < cols; ++c) yr[c] = math::exp(convert<C>(xr[c]) - m) * inv;
     }
   }
+  // The same row on a team of threads: member t.rank() takes elements rank, rank + size, ...
+  template <class Team>
+  KILN_DEVICE void row(const Team& t, index_t r) const {
+    const T* xr = x + r * cols;
+    C* yr = y + r * cols;
+    C m = -std::numeric_limits<C>::infinity();
+    for (index_t c = t.rank(); c < cols; c += t.size()) m = convert<C>(xr[c]) > m ? convert<C>(xr[c]) : m;
+    m = t.max(m);
+    C sum = 0;
+    for (index_t c = t.rank(); c < cols; c += t.size()) sum += math::exp(convert<C>(xr[c]) - m);
+    sum = t.sum(sum);
+    if constexpr (Log) {
+      const C lse = m + math::log(sum);
+      for (index_t c = t.rank(); c < cols; c += t.size()) yr[c] = convert<C>(xr[c]) - lse;
+    } else {
+      const C inv = C(1) / sum;
+      for (index_t c = t.rank(); c < cols; c += t.size()) yr[c] = math::exp(convert<C>(xr[c]) - m) * inv;
+    }
+  }
 };
 
 template <bool Log, class T>
@@ -81,6 +103,22 @@ struct SoftmaxBackwardRows {
     } else {
       for (index_t c = 0; c < cols; ++c) dot += gr[c] * yr[c];
       for (index_t c = 0; c < cols; ++c) put_grad(dr[c], C(yr[c] * (gr[c] - dot)), add);
+    }
+  }
+  template <class Team>
+  KILN_DEVICE void row(const Team& t, index_t r) const {
+    const C* gr = g + r * cols;
+    const C* yr = y + r * cols;
+    T* dr = dx + r * cols;
+    C dot = 0;
+    if constexpr (Log) {
+      for (index_t c = t.rank(); c < cols; c += t.size()) dot += gr[c];
+      dot = t.sum(dot);
+      for (index_t c = t.rank(); c < cols; c += t.size()) put_grad(dr[c], C(gr[c] - math::exp(yr[c]) * dot), add);
+    } else {
+      for (index_t c = t.rank(); c < cols; c += t.size()) dot += gr[c] * yr[c];
+      dot = t.sum(dot);
+      for (index_t c = t.rank(); c < cols; c += t.size()) put_grad(dr[c], C(yr[c] * (gr[c] - dot)), add);
     }
   }
 };

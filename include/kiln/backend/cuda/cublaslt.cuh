@@ -72,6 +72,9 @@
 // belong to the key because the heuristic picks kernels by them (and, for bias and aux, by the
 // pointer set on the descriptor when it runs); a plan is reused only for equally aligned data.
 // Plans are never evicted (a training loop sees a handful of shapes); clear_plans() drops them.
+// A key for which the heuristic found no algorithm is remembered too: a repeat fails at once
+// (LtNoAlgorithm from matmul, false from try_matmul) without asking the heuristic again, and only
+// that key — every other shape and epilogue keeps its plan.
 #pragma once
 
 #include <cublasLt.h>
@@ -80,6 +83,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -416,10 +420,29 @@ class Lt {
   }
 
   // Enqueues the GEMM on `stream`. Pointers must stay valid until it has run.
+  // throws: LtNoAlgorithm when the heuristic has no kernel for x's plan key (now or before).
   void matmul(const MatmulArgs& x, cudaStream_t stream = nullptr) {
+    if (!try_matmul(x, stream)) {
+      cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);  // clear_plans() may have run in between
+        if (auto it = no_algorithm_.find(key_of(x)); it != no_algorithm_.end()) status = it->second;
+      }
+      throw LtNoAlgorithm(::kiln::detail::concat(
+          "kiln::cu::Lt: ", detail::describe(x), ": cuBLASLt has no algorithm for this combination (",
+          cublas_status_name(status),
+          "; asked once per plan); try other transposes, aligned leading dimensions or no epilogue"));
+    }
+  }
+
+  // matmul() for callers with another way to compute the result: false, and nothing enqueued,
+  // when the heuristic has no kernel for x's plan key (remembered: no second query, no throw).
+  bool try_matmul(const MatmulArgs& x, cudaStream_t stream = nullptr) {
     validate(x);
     std::lock_guard<std::mutex> lock(mutex_);
-    detail::LtPlan& plan = plan_for_locked(x);
+    detail::LtPlan* found = plan_for_locked(x);
+    if (found == nullptr) return false;
+    detail::LtPlan& plan = *found;
     cublasLtMatmulDesc_t desc = plan.desc.get();
     // Pointers change from call to call; the plan was chosen for equally aligned ones.
     if (x.bias != nullptr) detail::lt_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, x.bias);
@@ -429,6 +452,7 @@ class Lt {
     KILN_CUBLAS_CHECK(cublasLtMatmul(handle_, desc, &x.alpha, x.b, plan.a.get(), x.a, plan.b.get(),
                                      &x.beta, c, plan.c.get(), x.d, plan.d.get(), &plan.algo,
                                      workspace, plan.workspace_bytes, stream));
+    return true;
   }
 
   std::size_t cached_plans() const {
@@ -436,9 +460,25 @@ class Lt {
     return plans_.size();
   }
 
+  // Plan keys remembered as having no algorithm.
+  std::size_t cached_no_algorithm() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return no_algorithm_.size();
+  }
+
+  // Drops the plans and the remembered refusals.
   void clear_plans() {
     std::lock_guard<std::mutex> lock(mutex_);
     plans_.clear();
+    no_algorithm_.clear();
+  }
+
+  // For tests of the fallbacks on a device where every kernel exists: a new plan key whose
+  // arguments satisfy `refuse` is treated as if the heuristic had found no algorithm (and
+  // remembered so, until clear_plans()). An empty function stops refusing.
+  void simulate_no_algorithm(std::function<bool(const MatmulArgs&)> refuse) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    refuse_ = std::move(refuse);
   }
 
   std::size_t workspace_bytes() const noexcept { return workspace_bytes_; }
@@ -474,9 +514,15 @@ class Lt {
                x.bias_f32 && x.out_type != LtType::f32};
   }
 
-  detail::LtPlan& plan_for_locked(const MatmulArgs& x) {
+  // x's plan, built on first use; nullptr when the heuristic has (or had) no algorithm for it.
+  detail::LtPlan* plan_for_locked(const MatmulArgs& x) {
     const Key key = key_of(x);
-    if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
+    if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+    if (no_algorithm_.count(key) != 0) return nullptr;
+    if (refuse_ && refuse_(x)) {
+      no_algorithm_.emplace(key, CUBLAS_STATUS_NOT_SUPPORTED);
+      return nullptr;
+    }
 
     auto plan = std::make_unique<detail::LtPlan>();
     const bool tf32 = x.allow_tf32 && x.in_type == LtType::f32;
@@ -533,15 +579,14 @@ class Lt {
     const cublasStatus_t status =
         cublasLtMatmulAlgoGetHeuristic(handle_, desc, plan->a.get(), plan->b.get(), plan->c.get(),
                                        plan->d.get(), pref_raw, 1, &result, &found);
-    KILN_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0, LtNoAlgorithm,
-               "kiln::cu::Lt: ", detail::describe(x),
-               ": cuBLASLt has no algorithm for this combination (", cublas_status_name(status),
-               ", ", found,
-               " candidates); try other transposes, aligned leading dimensions or no epilogue");
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+      no_algorithm_.emplace(key, status == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : status);
+      return nullptr;
+    }
     plan->algo = result.algo;
     plan->workspace_bytes = result.workspaceSize;
 
-    return *plans_.emplace(key, std::move(plan)).first->second;
+    return plans_.emplace(key, std::move(plan)).first->second.get();
   }
 
   void* workspace_for_locked(cudaStream_t stream) {
@@ -558,6 +603,8 @@ class Lt {
   CachingAllocator* allocator_;
   mutable std::mutex mutex_;
   std::map<Key, std::unique_ptr<detail::LtPlan>> plans_;
+  std::map<Key, cublasStatus_t> no_algorithm_;  // keys the heuristic found nothing for, and why
+  std::function<bool(const MatmulArgs&)> refuse_;  // simulate_no_algorithm's filter
   std::vector<std::pair<cudaStream_t, DeviceBuffer<std::byte>>> workspaces_;
 };
 

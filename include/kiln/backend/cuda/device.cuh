@@ -1,6 +1,7 @@
 // kiln/backend/cuda/device.cuh — is there a usable CUDA device, and if not, why not.
 //
-// Test runners and examples ask this first and skip with the reason instead of failing: on a
+// Test runners and examples ask this first and skip with the reason instead of failing (unless
+// KILN_REQUIRE_DEVICE asks for a device: device_required(), report_no_device()): on a
 // machine without a GPU (or with a driver older than the runtime) cudaGetDeviceCount returns an
 // error rather than zero devices, so any error counts as "no device".
 //
@@ -10,7 +11,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <string>
+
+#include "kiln/core/device_required.hpp"
 
 namespace kiln::cu {
 
@@ -80,6 +84,22 @@ inline std::string device_name() noexcept {
   } catch (...) {
     return {};
   }
+}
+
+using kiln::device_required;  // KILN_REQUIRE_DEVICE (kiln/core/device_required.hpp)
+
+// For a program that found no usable device: prints why, as a skip ("<program>: skipped — no
+// CUDA device (<reason>)") and returns 0, or, when device_required(), as a failure on stderr and
+// returns 2. Use as `if (!kiln::cu::device_available()) return kiln::cu::report_no_device("x");`.
+inline int report_no_device(const char* program) noexcept {
+  const std::string reason = device_unavailable_reason();
+  if (device_required()) {
+    std::fprintf(stderr, "%s: FAILED — KILN_REQUIRE_DEVICE is set and there is no usable CUDA device (%s)\n",
+                 program, reason.c_str());
+    return 2;
+  }
+  std::printf("%s: skipped — no CUDA device (%s)\n", program, reason.c_str());
+  return 0;
 }
 
 }  // namespace kiln::cu

@@ -6,7 +6,8 @@
 // The CUDA aux formats (exec.act_aux_bytes):
 //   fn::Relu      cuBLASLt's ReLU bit-mask, relu_mask_ld(n) bits per row (opaque: outside
 //                 cuBLASLt the derivative is read from the sign of the forward's output, so
-//                 the kernel path writes no aux);
+//                 the kernel path writes no aux, and the executor runs cuBLASLt's DRELU only on
+//                 a mask it knows cuBLASLt's forward wrote);
 //   fn::GeluTanh  the GELU input z, gelu_aux_ld(n) elements per row (cuBLASLt's GELU aux; the
 //                 kernel path writes the same layout, so either backward reads either forward's);
 //   others        z, n elements per row.
@@ -54,38 +55,72 @@ struct UnitDeriv {  // no activation: column sums only
   KILN_HOST_DEVICE float operator()(index_t, index_t) const { return 1.f; }
 };
 
+// The activation backward over an [m, n] gradient g: v = g * act' at each (i, j); d (=|+=) v
+// unless d is null; dbias[j] (=|+=) column j's sum unless dbias is null. As an element kernel
+// (operator(), when there is no bias gradient) or as column_sums terms (rowwise.cuh: tiled,
+// deterministic sums).
+template <class Deriv, class T, class B>
+struct DactTerms {
+  using sum_type = float;
+  static constexpr int sums = 1;
+  const T* g;
+  index_t ldg;
+  Deriv deriv;
+  T* d;
+  index_t ldd;
+  bool add_d;
+  B* dbias;
+  bool add_dbias;
+  KILN_HOST_DEVICE float value(index_t i, index_t j) const {
+    const float v = convert<float>(g[i * ldg + j]) * deriv(i, j);
+    if (d) d[i * ldd + j] = convert<T>(add_d ? convert<float>(d[i * ldd + j]) + v : v);
+    return v;
+  }
+  KILN_HOST_DEVICE void operator()(index_t i, index_t j) const { (void)value(i, j); }
+  KILN_HOST_DEVICE void terms(index_t i, index_t j, float (&v)[1]) const { v[0] = value(i, j); }
+  KILN_HOST_DEVICE void finish(index_t j, const float (&s)[1]) const {
+    if (dbias) dbias[j] = convert<B>(add_dbias ? convert<float>(dbias[j]) + s[0] : s[0]);
+  }
+};
+
 }  // namespace kiln::cu
 
 namespace kiln::cu::kernels {
 
 // z = d[i, j] + bias[j] (bias may be null); aux[i, j] = z when aux is not null; d = act(z).
-// Over an [m, n] matrix: d row stride ldd, aux row stride ldaux.
-template <class Act, class T, class B>
-KILN_GLOBAL void bias_act(T* d, index_t ldd, const B* bias, T* aux, index_t ldaux, index_t m, index_t n) {
-  const index_t total = m * n;
-  for (index_t e = index_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += index_t(gridDim.x) * blockDim.x) {
-    const index_t i = e / n, j = e - i * n;
+// Over an [m, n] matrix: d row stride ldd, aux row stride ldaux. I is the flat index's type
+// (32-bit when m * n < 2^31: the division is then one hardware-assisted 32-bit sequence, not
+// a 64-bit one the GPU emulates).
+template <class Act, class I, class T, class B>
+KILN_GLOBAL void bias_act(T* d, index_t ldd, const B* bias, T* aux, index_t ldaux, I m, I n) {
+  const I total = m * n;
+  for (I e = I(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += I(gridDim.x) * blockDim.x) {
+    const I i = e / n, j = e - i * n;
     const float z = convert<float>(d[i * ldd + j]) + (bias ? convert<float>(bias[j]) : 0.f);
     if (aux) aux[i * ldaux + j] = convert<T>(z);
     d[i * ldd + j] = convert<T>(Act{}(z));
   }
 }
 
-// One thread per column j (adjacent threads read adjacent columns: coalesced): v = g * act' down
-// the column; d (=|+=) v unless d is null; dbias[j] (=|+=) the column's sum unless dbias is null.
-// Each column is summed in row order, so results do not depend on the launch shape.
-template <class Deriv, class T, class B>
-KILN_GLOBAL void dact_columns(index_t m, index_t n, const T* g, index_t ldg, Deriv deriv, T* d, index_t ldd,
-                              bool add_d, B* dbias, bool add_dbias) {
-  const index_t j = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= n) return;
-  float acc = 0.f;
-  for (index_t i = 0; i < m; ++i) {
-    const float v = convert<float>(g[i * ldg + j]) * deriv(i, j);
-    if (d) d[i * ldd + j] = convert<T>(add_d ? convert<float>(d[i * ldd + j]) + v : v);
-    acc += v;
+// D = alpha·op(A)·op(B) + beta·C (C read only when beta != 0), one thread per output element,
+// summed in float in k order: the fallback for a plain GEMM cuBLASLt has no kernel for (a
+// dimension of 1 on some GPUs — PyTorch keeps those away from cuBLASLt too). Such GEMMs are
+// matrix-vector products or outer products, bound by memory, where this loses little; a long k
+// with a tiny output is slow here but correct.
+template <class T, class C>
+KILN_GLOBAL void gemm_fallback(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a,
+                               index_t lda, const T* b, index_t ldb, float beta, const C* c, index_t ldc, C* d,
+                               index_t ldd) {
+  const index_t total = m * n;
+  for (index_t e = index_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += index_t(gridDim.x) * blockDim.x) {
+    const index_t i = e / n, j = e - i * n;
+    float acc = 0.f;
+    for (index_t p = 0; p < k; ++p)
+      acc += convert<float>(ta ? a[p * lda + i] : a[i * lda + p]) * convert<float>(tb ? b[j * ldb + p] : b[p * ldb + j]);
+    float v = alpha * acc;
+    if (beta != 0.f) v += beta * convert<float>(c[i * ldc + j]);
+    d[i * ldd + j] = convert<C>(v);
   }
-  if (dbias) dbias[j] = convert<B>(add_dbias ? convert<float>(dbias[j]) + acc : acc);
 }
 
 // dst[i] += src[i].

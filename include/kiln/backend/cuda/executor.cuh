@@ -1,6 +1,12 @@
 // kiln/backend/cuda/executor.cuh — the CUDA executor: every elementwise assignment is ONE
 // grid-stride kernel templated on its evaluator; GEMMs go to cuBLASLt; reductions are block
-// reductions (CUB's BlockReduce) inside our own kernels, deterministic run to run.
+// reductions (CUB's BlockReduce) inside our own kernels, deterministic run to run; row-wise ops
+// and column sums take a warp or block per row and tiled column sums (rowwise.cuh).
+//
+// Index arithmetic: a flat index's division by the row length is 32-bit when the range has fewer
+// than 2^31 elements (the grid-stride loop's unsigned index then cannot pass 2^32) and 64-bit
+// otherwise — the GPU has no 64-bit divider, and the emulated division costs more than the rest
+// of a typical elementwise kernel.
 //
 // Elementwise kernels, by what the operands allow:
 //   packet — flat, every leaf and the destination 16-byte aligned, 2- or 4-byte elements: each
@@ -15,14 +21,18 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <cub/block/block_reduce.cuh>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
+#include <utility>
 
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/backend/cuda/cublaslt.cuh"
 #include "kiln/backend/cuda/epilogue.cuh"
 #include "kiln/backend/cuda/memory.cuh"
+#include "kiln/backend/cuda/rowwise.cuh"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/stats.hpp"
@@ -33,43 +43,44 @@
 
 namespace kiln::cu::kernels {
 
-template <class T, class Ev>
-KILN_GLOBAL void elementwise_flat(T* out, Ev ev, index_t n) {
-  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
-    out[i] = convert<T>(ev.flat(i));
+// I, the flat index type: std::uint32_t or index_t (file comment).
+template <class I, class T, class Ev>
+KILN_GLOBAL void elementwise_flat(T* out, Ev ev, I n) {
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x)
+    out[i] = convert<T>(ev.flat(index_t(i)));
 }
 
 // Packets p = first, first + stride, ... cover [0, n - n % V); the tail [n - n % V, n) goes
 // element by element. Requires out and every leaf aligned to alignof(Packet<., V>) (16 bytes).
-template <int V, class T, class Ev>
-KILN_GLOBAL void elementwise_packet(T* out, Ev ev, index_t n) {
-  const index_t first = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const index_t stride = index_t(gridDim.x) * blockDim.x;
-  const index_t packets = n / V;
-  for (index_t p = first; p < packets; p += stride) {
-    const auto in = ev.template flat_packet<V>(p * V);
+template <int V, class I, class T, class Ev>
+KILN_GLOBAL void elementwise_packet(T* out, Ev ev, I n) {
+  const I first = I(blockIdx.x) * blockDim.x + threadIdx.x;
+  const I stride = I(gridDim.x) * blockDim.x;
+  const I packets = n / V;
+  for (I p = first; p < packets; p += stride) {
+    const auto in = ev.template flat_packet<V>(index_t(p) * V);
     Packet<T, V> o;
     for (int k = 0; k < V; ++k) o.v[k] = convert<T>(in.v[k]);
-    kiln::detail::store_packet(out + p * V, o);
+    kiln::detail::store_packet(out + index_t(p) * V, o);
   }
-  for (index_t i = packets * V + first; i < n; i += stride) out[i] = convert<T>(ev.flat(i));
+  for (I i = packets * V + first; i < n; i += stride) out[i] = convert<T>(ev.flat(index_t(i)));
 }
 
-template <class T, class Ev>
-KILN_GLOBAL void elementwise_2d(T* out, index_t drs, index_t dcs, Ev ev, index_t rows, index_t cols) {
-  const index_t n = rows * cols;
-  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
-    const index_t r = i / cols, c = i - r * cols;
-    out[r * drs + c * dcs] = convert<T>(ev.at(r, c));
+template <class I, class T, class Ev>
+KILN_GLOBAL void elementwise_2d(T* out, index_t drs, index_t dcs, Ev ev, I rows, I cols) {
+  const I n = rows * cols;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x) {
+    const I r = i / cols, c = i - r * cols;
+    out[index_t(r) * drs + index_t(c) * dcs] = convert<T>(ev.at(index_t(r), index_t(c)));
   }
 }
 
-template <class K>
-KILN_GLOBAL void for_each_element(K k, index_t rows, index_t cols) {
-  const index_t n = rows * cols;
-  for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
-    const index_t r = i / cols;
-    k(r, i - r * cols);
+template <class I, class K>
+KILN_GLOBAL void for_each_element(K k, I rows, I cols) {
+  const I n = rows * cols;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x) {
+    const I r = i / cols;
+    k(index_t(r), index_t(i - r * cols));
   }
 }
 
@@ -97,22 +108,21 @@ struct Merge {
 inline constexpr int reduce_threads = 256;
 
 // One block per row (per_row) or per slice of the flat range; writes finished results
-// (per_row) or partial accumulators.
-template <class Op, class R, class Acc, class Ev>
-KILN_GLOBAL void reduce_rows(R* out, Acc* partial, Ev ev, index_t rows, index_t cols, bool per_row, index_t slice,
-                             bool accumulate) {
+// (per_row) or partial accumulators. I: the flat index type (file comment).
+template <class Op, class I, class R, class Acc, class Ev>
+KILN_GLOBAL void reduce_rows(R* out, Acc* partial, Ev ev, I rows, I cols, bool per_row, I slice, bool accumulate) {
   using T = typename Ev::value_type;
   using BlockReduce = cub::BlockReduce<Acc, reduce_threads>;
   __shared__ typename BlockReduce::TempStorage storage;
   Acc acc = Op::template init<T>();
   if (per_row) {
     const index_t r = blockIdx.x;
-    for (index_t c = threadIdx.x; c < cols; c += reduce_threads) acc = Op::combine(acc, T(ev.at(r, c)), c);
+    for (I c = threadIdx.x; c < cols; c += reduce_threads) acc = Op::combine(acc, T(ev.at(r, index_t(c))), index_t(c));
   } else {
-    const index_t n = rows * cols, b = index_t(blockIdx.x) * slice, e = b + slice < n ? b + slice : n;
-    for (index_t i = b + threadIdx.x; i < e; i += reduce_threads) {
-      const index_t r = i / cols;
-      acc = Op::combine(acc, T(ev.at(r, i - r * cols)), i);
+    const I n = rows * cols, b = I(blockIdx.x) * slice, e = b + slice < n ? b + slice : n;
+    for (I i = b + threadIdx.x; i < e; i += reduce_threads) {
+      const I r = i / cols;
+      acc = Op::combine(acc, T(ev.at(index_t(r), index_t(i - r * cols))), index_t(i));
     }
   }
   const Acc total = BlockReduce(storage).Reduce(acc, Merge<Op, T>{});
@@ -165,6 +175,13 @@ class CudaExecutor {
   static constexpr const char* name = "cuda";
 
   explicit CudaExecutor(cudaStream_t stream = nullptr) : stream_(stream) {}
+  // Waits for the work this executor queued before its temporaries and its cuBLASLt workspace go
+  // back to the process-wide caching allocator: the allocator does not track streams, so a block
+  // returned while a GEMM still uses it could be handed to work on another stream (issue 8's
+  // choice: synchronise here, as a stream-aware allocator would cost an event per free).
+  ~CudaExecutor() { (void)cudaStreamSynchronize(stream_); }
+  CudaExecutor(const CudaExecutor&) = delete;
+  CudaExecutor& operator=(const CudaExecutor&) = delete;
 
   cudaStream_t stream() const { return stream_; }
   LaunchStats& stats() { return stats_; }
@@ -207,15 +224,25 @@ class CudaExecutor {
     constexpr int V = cu::detail::packet_lanes_for<T>;
     if (packet_lanes(dst, ev) != 0) {
       if constexpr (V != 0)  // packet_lanes is 0 when V is; this keeps Packet<T, 0> unnamed
-        cu::kernels::elementwise_packet<V><<<blocks((n + V - 1) / V), threads, 0, stream_>>>(dst.data(), ev, n);
+        with_index(n, [&](auto i) {
+          using I = decltype(i);
+          cu::kernels::elementwise_packet<V><<<blocks((n + V - 1) / V), threads, 0, stream_>>>(dst.data(), ev, I(n));
+        });
     } else if (ev.flat_ok() && dst.is_contiguous()) {
-      cu::kernels::elementwise_flat<<<blocks(n), threads, 0, stream_>>>(dst.data(), ev, n);
+      with_index(n, [&](auto i) {
+        using I = decltype(i);
+        cu::kernels::elementwise_flat<<<blocks(n), threads, 0, stream_>>>(dst.data(), ev, I(n));
+      });
     } else {
       const LeafStrides d = fold_strides(s, dst.strides(), false, s);
       KILN_CHECK(d.nlead == 0, ShapeError, "the CUDA executor writes destinations whose leading dimensions one "
                  "stride walks; the view of shape ", s.str(), " is not such a view (copy through a contiguous tensor)");
       const index_t drs = d.rs, dcs = d.cs;
-      cu::kernels::elementwise_2d<<<blocks(n), threads, 0, stream_>>>(dst.data(), drs, dcs, ev, s.rows(), s.cols());
+      with_index(n, [&](auto i) {
+        using I = decltype(i);
+        cu::kernels::elementwise_2d<<<blocks(n), threads, 0, stream_>>>(dst.data(), drs, dcs, ev, I(s.rows()),
+                                                                       I(s.cols()));
+      });
     }
     KILN_CUDA_CHECK(cudaGetLastError());
   }
@@ -242,9 +269,25 @@ class CudaExecutor {
   void for_each_element(index_t rows, index_t cols, const Kernel& kernel, const char* k, const std::string& name,
                         std::size_t bytes) {
     stats_.count(k, name, rows * cols, bytes);
-    if (rows * cols == 0) return;
-    cu::kernels::for_each_element<<<blocks(rows * cols), threads, 0, stream_>>>(kernel, rows, cols);
-    KILN_CUDA_CHECK(cudaGetLastError());
+    launch_elements(rows, cols, kernel);
+  }
+
+  // f.row(team, r) for every row r < rows of `len` elements, with a warp or a block of threads per
+  // row (cu::WarpTeam / cu::BlockTeam, rowwise.cuh): ONE launch. Runs for rows > 0 even when
+  // len == 0 (a row may still write a result, as a loss's sum over no rows does).
+  template <class F>
+  void for_each_row(index_t rows, index_t len, const F& f, const char* k, const std::string& name, std::size_t bytes) {
+    stats_.count(k, name, rows * len, bytes);
+    launch_rows(rows, len, f);
+  }
+
+  // Column sums of f's terms over an [rows, cols] range, handed to f.finish per column
+  // (rowwise.cuh): tiled and deterministic. Counted as ONE launch, as reduce() is: a second
+  // kernel adds the tiles' sums when the rows span more than one tile.
+  template <class F>
+  void column_sums(index_t rows, index_t cols, const F& f, const char* k, const std::string& name, std::size_t bytes) {
+    stats_.count(k, name, rows * cols, bytes);
+    launch_column_sums(rows, cols, f);
   }
 
   // accumulate adds each result to what out holds instead of overwriting it (same launches).
@@ -256,18 +299,26 @@ class CudaExecutor {
     stats_.count(kind::reduce, Op::name, n, std::size_t(n) * sizeof(T));
     if (per_row) {
       if (rows == 0) return;
-      cu::kernels::reduce_rows<Op, R, Acc><<<unsigned(rows), cu::kernels::reduce_threads, 0, stream_>>>(
-          out, static_cast<Acc*>(nullptr), ev, rows, cols, true, 0, accumulate);
+      with_index(n, [&](auto i) {
+        using I = decltype(i);
+        cu::kernels::reduce_rows<Op, I, R, Acc><<<unsigned(rows), cu::kernels::reduce_threads, 0, stream_>>>(
+            out, static_cast<Acc*>(nullptr), ev, I(rows), I(cols), true, I(0), accumulate);
+      });
     } else {
-      // Fixed slices (not a function of the device) keep results reproducible across runs.
-      const index_t slice = index_t(1) << 16;
+      // Slices of reduce_slice(n) elements: up to 1024 blocks, so a million elements already give
+      // 132 SMs 256 blocks; a function of n alone keeps results identical run to run and across
+      // devices. The partials then fit reduce_partials' one block.
+      const index_t slice = reduce_slice(n);
       const index_t count = std::max<index_t>(1, (n + slice - 1) / slice);
       auto buf = temps_.take(std::size_t(count) * sizeof(Acc));
       Acc* partial = static_cast<Acc*>(buf.get());
       // The real cols: with cols == 0 the range is empty and the kernel never divides by it (a
       // cols of 1 here would read rows elements of an empty operand).
-      cu::kernels::reduce_rows<Op, R, Acc><<<unsigned(count), cu::kernels::reduce_threads, 0, stream_>>>(
-          out, partial, ev, rows, cols, false, slice, false);
+      with_index(n + slice, [&](auto i) {
+        using I = decltype(i);
+        cu::kernels::reduce_rows<Op, I, R, Acc><<<unsigned(count), cu::kernels::reduce_threads, 0, stream_>>>(
+            out, partial, ev, I(rows), I(cols), false, I(slice), false);
+      });
       cu::kernels::reduce_partials<Op, R, Acc><<<1, cu::kernels::reduce_threads, 0, stream_>>>(out, partial, count, n,
                                                                                              accumulate);
     }
@@ -283,13 +334,8 @@ class CudaExecutor {
     static_assert(std::is_same_v<C, float> || std::is_same_v<C, T>, "kiln: CUDA GEMM writes float or the input type");
     // cuBLASLt refuses empty sizes; the CPU executor takes them, so do the same here.
     if (m == 0 || n == 0) return;
-    if (k == 0) {
-      cu::kernels::for_each_element<<<blocks(m * n), threads, 0, stream_>>>(cu::kernels::ScaleRows<C>{c, ldc, beta}, m,
-                                                                            n);
-      KILN_CUDA_CHECK(cudaGetLastError());
-      return;
-    }
-    lt_.matmul(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), stream_);
+    if (k == 0) return launch_elements(m, n, cu::kernels::ScaleRows<C>{c, ldc, beta});
+    plain_gemm<T, C>(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
   }
 
   // ---- GEMM epilogues (kiln/core/epilogue.hpp) ---------------------------------------------
@@ -304,10 +350,16 @@ class CudaExecutor {
     else return std::size_t(m * cu::act_aux_ld<Act>(n)) * sizeof(T);
   }
   // on = false computes every GEMM epilogue with a plain GEMM and kiln's kernels instead of
-  // cuBLASLt's, as happens by itself for a kind of epilogue cuBLASLt has no kernel for; for tests
-  // and comparisons. Switch between training steps, not inside one: a backward with cuBLASLt's
-  // DRELU reads the mask only a forward with cuBLASLt's RELU_AUX writes.
-  void use_lt_epilogues(bool on) { lt_bias_ok_ = lt_bgrad_ok_ = lt_relu_ok_ = lt_gelu_ok_ = on; }
+  // cuBLASLt's, as happens by itself, per GEMM, where cuBLASLt has no kernel for the request (cu::Lt
+  // remembers those plan keys; other shapes keep their epilogues); for tests and comparisons. Safe
+  // to switch at any time: a backward runs cuBLASLt's DRELU only on a mask cuBLASLt's forward wrote.
+  void use_lt_epilogues(bool on) { lt_epilogues_ = on; }
+  bool lt_epilogues() const { return lt_epilogues_; }
+  // GEMMs whose epilogue cuBLASLt has but which ran as a plain GEMM and kiln's kernel instead (no
+  // algorithm for the shape, epilogues switched off, no cuBLASLt ReLU mask to read, or k = 1).
+  std::size_t lt_fallbacks() const { return lt_fallbacks_; }
+  // Plain GEMMs cuBLASLt had no kernel for, run by kiln's own (slow, correct) kernel instead.
+  std::size_t gemm_fallbacks() const { return gemm_fallbacks_; }
 
   // Whether a GEMM with inner size k can take a DAct epilogue: cuBLASLt's DRELU / DGELU refuse
   // k = 1 (the producer then runs its own dact kernel).
@@ -327,15 +379,16 @@ class CudaExecutor {
     cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     const bool save = ep.aux != nullptr;
     if constexpr (is_identity_act_v<Act>) {
-      if (!ep.bias) return lt_.matmul(x, stream_);
+      if (!ep.bias) return plain_gemm<T, T>(x);
       x.epilogue = cu::Epilogue::bias;
       x.bias = const_cast<compute_t<T>*>(ep.bias);
       x.bias_f32 = true;
-      if (try_lt(x, lt_bias_ok_)) return;
+      if (try_lt(x)) return;
+      ++lt_fallbacks_;
       x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     } else if constexpr (cu::lt_activation_v<Act>) {
-      if (lt_act_ok<Act>()) {
-        constexpr bool relu = std::is_same_v<Act, fn::Relu>;
+      constexpr bool relu = std::is_same_v<Act, fn::Relu>;
+      if (lt_epilogues_) {
         using E = cu::Epilogue;
         if (ep.bias && relu) x.epilogue = save ? E::relu_aux_bias : E::relu_bias;
         else if (ep.bias) x.epilogue = save ? E::gelu_aux_bias : E::gelu_bias;
@@ -347,16 +400,24 @@ class CudaExecutor {
           x.aux = ep.aux;
           x.aux_ld = cu::act_aux_ld<Act>(n);
         }
-        if (try_lt(x, lt_act_ok<Act>())) return;
+        if (try_lt(x)) {
+          if (relu && save) note_relu_mask(ep.aux, m, n);
+          return;
+        }
         x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       }
+      ++lt_fallbacks_;
+      if (relu && save) relu_masks_.erase(ep.aux);  // the kernel below writes no mask there
     }
     // The GEMM, then ONE kernel: z = C + bias, saved (except for ReLU, whose backward reads the
     // output's sign), C = act(z).
-    lt_.matmul(x, stream_);
+    plain_gemm<T, T>(x);
     T* aux = save && !std::is_same_v<Act, fn::Relu> ? static_cast<T*>(ep.aux) : nullptr;
-    cu::kernels::bias_act<Act><<<blocks(m * n), threads, 0, stream_>>>(c, ldc, ep.bias, aux, cu::act_aux_ld<Act>(n),
-                                                                        m, n);
+    with_index(m * n, [&](auto i) {
+      using I = decltype(i);
+      cu::kernels::bias_act<Act><<<blocks(m * n), threads, 0, stream_>>>(c, ldc, ep.bias, aux,
+                                                                          cu::act_aux_ld<Act>(n), I(m), I(n));
+    });
     KILN_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -370,19 +431,24 @@ class CudaExecutor {
     if (m == 0 || n == 0) return;
     KILN_CHECK(k > 0, ShapeError, "a GEMM with a d", Act::name, " epilogue needs k > 0 (got an inner size of 0)");
     if constexpr (cu::lt_activation_v<Act>) {
-      // Only while the forward epilogues work too: the ReLU mask exists only if they ran.
-      if (folds_dact<Act>(k) && lt_act_ok<Act>()) {
+      // DRELU reads cuBLASLt's bit-mask, which only its RELU_AUX forward writes: where that forward
+      // fell back to bias_act for its shape (or ran with the epilogues off), no mask exists and the
+      // kernel below reads the output's sign instead. Tracking the masks cuBLASLt wrote keeps the
+      // mask's layout cuBLASLt's business (writing it from kiln's kernel would rely on an
+      // undocumented bit order); GELU's aux is the same matrix on both paths.
+      constexpr bool relu = std::is_same_v<Act, fn::Relu>;
+      if (folds_dact<Act>(k) && lt_epilogues_ && (!relu || lt_wrote_mask(ep.aux, m, n))) {
         cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
-        constexpr bool relu = std::is_same_v<Act, fn::Relu>;
         using E = cu::Epilogue;
         x.epilogue = ep.dbias ? (relu ? E::drelu_bgrad : E::dgelu_bgrad) : (relu ? E::drelu : E::dgelu);
         x.bias_f32 = true;
         x.aux = const_cast<void*>(ep.aux);
         x.aux_ld = cu::act_aux_ld<Act>(n);
-        if (lt_with_bias_grad(x, ep.dbias, ep.add_dbias, n, lt_act_ok<Act>())) return;
+        if (lt_with_bias_grad(x, ep.dbias, ep.add_dbias, n)) return;
       }
+      ++lt_fallbacks_;
     }
-    lt_.matmul(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc), stream_);
+    plain_gemm<T, T>(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc));
     launch_dact<Act>(m, n, c, ldc, ep.aux, ep.out, c, ldc, false, ep.dbias, ep.add_dbias);
   }
 
@@ -396,12 +462,13 @@ class CudaExecutor {
     if (m == 0 || n == 0) return;
     KILN_CHECK(k > 0, ShapeError, "a GEMM with a bgrada epilogue needs k > 0 (got an inner size of 0)");
     cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (!ep.dbias) return lt_.matmul(x, stream_);
+    if (!ep.dbias) return plain_gemm<T, C>(x);
     x.epilogue = cu::Epilogue::bgrada;
     x.bias_f32 = true;
-    if (lt_with_bias_grad(x, ep.dbias, ep.add_dbias, m, lt_bgrad_ok_)) return;
+    if (lt_with_bias_grad(x, ep.dbias, ep.add_dbias, m)) return;
+    ++lt_fallbacks_;
     // A is stored [k, m]: its column sums are the bias gradient.
-    lt_.matmul(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), stream_);
+    plain_gemm<T, C>(lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
     launch_dact<fn::Identity>(k, m, a, lda, nullptr, static_cast<const T*>(nullptr), static_cast<T*>(nullptr), 0,
                               false, ep.dbias, ep.add_dbias);
   }
@@ -451,29 +518,34 @@ class CudaExecutor {
     return x;
   }
 
-  // Runs x through cuBLASLt unless its kind of epilogue already found no kernel here (`ok`); false
-  // (and `ok` cleared, so later calls skip the query) when cuBLASLt has no algorithm for it: the
-  // caller then computes the same result with a plain GEMM and its own kernel.
-  bool try_lt(const cu::MatmulArgs& x, bool& ok) {
-    if (!ok) return false;
-    try {
-      lt_.matmul(x, stream_);
-      return true;
-    } catch (const cu::LtNoAlgorithm&) {
-      ok = false;
-      return false;
-    }
+  // Runs x through cuBLASLt with its epilogue (unless use_lt_epilogues(false)); false, with nothing
+  // enqueued, when cuBLASLt has no algorithm for x's plan key — cu::Lt remembers that per key, so a
+  // repeat costs neither a heuristic query nor an exception. The caller then computes the same
+  // result with a plain GEMM and its own kernel, for this GEMM only.
+  // x (no epilogue) through cuBLASLt or, where it has no kernel for the shape (cu::Lt remembers),
+  // through kiln's own kernel: a GEMM the executor is asked for always runs.
+  template <class T, class C>
+  void plain_gemm(const cu::MatmulArgs& x) {
+    if (lt_.try_matmul(x, stream_)) return;
+    ++gemm_fallbacks_;
+    cu::kernels::gemm_fallback<<<blocks(x.m * x.n), threads, 0, stream_>>>(
+        x.trans_a, x.trans_b, x.m, x.n, x.k, x.alpha, static_cast<const T*>(x.a), x.lda, static_cast<const T*>(x.b),
+        x.ldb, x.beta, static_cast<const C*>(x.c), x.ldc, static_cast<C*>(x.d), x.ldd);
+    KILN_CUDA_CHECK(cudaGetLastError());
   }
+
+  bool try_lt(const cu::MatmulArgs& x) { return lt_epilogues_ && lt_.try_matmul(x, stream_); }
 
   // try_lt for x, whose epilogue writes a bias gradient (length `len`): to dbias or, when the
   // gradient must be added (cuBLASLt only overwrites), to scratch that one more kernel adds.
   template <class T>
-  bool lt_with_bias_grad(cu::MatmulArgs& x, T* dbias, bool add, index_t len, bool& ok) {
+  bool lt_with_bias_grad(cu::MatmulArgs& x, T* dbias, bool add, index_t len) {
+    if (!lt_epilogues_) return false;
     TempPool<cuda>::Buffer scratch;
     if (dbias && add) scratch = temps_.take(std::size_t(len) * sizeof(T));
     x.bias_f32 = std::is_same_v<T, float>;
     x.bias = scratch.get() ? scratch.get() : static_cast<void*>(dbias);
-    if (!try_lt(x, ok)) return false;
+    if (!try_lt(x)) return false;
     if (scratch.get()) {
       cu::kernels::add_vector<<<blocks(len), threads, 0, stream_>>>(dbias, static_cast<const T*>(scratch.get()), len);
       KILN_CUDA_CHECK(cudaGetLastError());
@@ -481,25 +553,88 @@ class CudaExecutor {
     return true;
   }
 
-  // Whether cuBLASLt's epilogues for Act have worked so far on this executor.
-  template <class Act>
-  bool& lt_act_ok() {
-    if constexpr (std::is_same_v<Act, fn::Relu>) return lt_relu_ok_;
-    else return lt_gelu_ok_;
+  // The masks cuBLASLt's RELU_AUX forward wrote, by address, with their [m, n]. A forward that
+  // falls back erases its aux address; the map is cleared when it grows past any training loop's
+  // needs (a backward then falls back to the kernel: slower, never wrong).
+  void note_relu_mask(const void* aux, index_t m, index_t n) {
+    if (relu_masks_.size() >= 4096) relu_masks_.clear();
+    relu_masks_[aux] = {m, n};
+  }
+  bool lt_wrote_mask(const void* aux, index_t m, index_t n) const {
+    const auto it = relu_masks_.find(aux);
+    return it != relu_masks_.end() && it->second == std::pair<index_t, index_t>(m, n);
   }
 
-  // The dact kernel with act' read the way this executor's aux format allows.
+  // The dact kernel with act' read the way this executor's aux format allows: elementwise when no
+  // bias gradient is asked for, else tiled column sums (rowwise.cuh).
   template <class Act, class T>
   void launch_dact(index_t m, index_t n, const T* g, index_t ldg, const void* aux, const T* out, T* d, index_t ldd,
                    bool add_d, compute_t<T>* dbias, bool add_dbias) {
-    const unsigned grid = unsigned((n + threads - 1) / threads);
     auto run = [&](const auto& deriv) {
-      cu::kernels::dact_columns<<<grid, threads, 0, stream_>>>(m, n, g, ldg, deriv, d, ldd, add_d, dbias, add_dbias);
+      const cu::DactTerms<std::decay_t<decltype(deriv)>, T, compute_t<T>> f{g, ldg, deriv, d, ldd, add_d, dbias,
+                                                                            add_dbias};
+      if (dbias) launch_column_sums(m, n, f);
+      else launch_elements(m, n, f);
     };
     if constexpr (is_identity_act_v<Act>) run(cu::UnitDeriv{});
     else if constexpr (std::is_same_v<Act, fn::Relu>) run(cu::ReluDerivFromOutput<T>{out, n});
     else run(cu::DerivFromInput<Act, T>{static_cast<const T*>(aux), cu::act_aux_ld<Act>(n)});
+  }
+
+  // f(r, c) over an [rows, cols] range, one element per thread of a grid-stride loop.
+  template <class K>
+  void launch_elements(index_t rows, index_t cols, const K& kernel) {
+    if (rows * cols == 0) return;
+    with_index(rows * cols, [&](auto i) {
+      using I = decltype(i);
+      cu::kernels::for_each_element<<<blocks(rows * cols), threads, 0, stream_>>>(kernel, I(rows), I(cols));
+    });
     KILN_CUDA_CHECK(cudaGetLastError());
+  }
+
+  template <class F>
+  void launch_rows(index_t rows, index_t len, const F& f) {
+    if (rows <= 0) return;
+    const index_t max_grid = index_t(1) << 30;  // the kernels loop over rows beyond the grid
+    if (len <= cu::warp_row_limit) {
+      const index_t grid = std::min((rows + cu::rows_per_warp_block - 1) / cu::rows_per_warp_block, max_grid);
+      cu::kernels::rows_by_warp<<<unsigned(grid), cu::row_threads, 0, stream_>>>(f, rows);
+    } else {
+      cu::kernels::rows_by_block<<<unsigned(std::min(rows, max_grid)), cu::row_threads, 0, stream_>>>(f, rows);
+    }
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+
+  template <class F>
+  void launch_column_sums(index_t rows, index_t cols, const F& f) {
+    using S = typename F::sum_type;
+    if (cols <= 0) return;
+    const index_t tile_rows = cu::column_tile_rows(rows);
+    const index_t tiles = std::max<index_t>(1, (rows + tile_rows - 1) / tile_rows);
+    const index_t column_blocks = (cols + cu::column_tile - 1) / cu::column_tile;
+    TempPool<cuda>::Buffer buf;
+    if (tiles > 1) buf = temps_.take(std::size_t(tiles * F::sums * cols) * sizeof(S));
+    S* partial = static_cast<S*>(buf.get());
+    const dim3 grid{unsigned(column_blocks), unsigned(tiles)}, block{unsigned(cu::column_tile), unsigned(cu::column_lanes)};
+    cu::kernels::column_partials<<<grid, block, 0, stream_>>>(f, rows, cols, tile_rows, partial);
+    if (tiles > 1)
+      cu::kernels::column_finish<<<unsigned((cols + threads - 1) / threads), threads, 0, stream_>>>(f, cols, tiles,
+                                                                                                   partial);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+
+  // Runs f with a value of the flat index type for n elements: std::uint32_t when n < 2^31,
+  // index_t otherwise (file comment).
+  template <class F>
+  static void with_index(index_t n, F&& f) {
+    if (n <= index_t(INT32_MAX)) f(std::uint32_t{});
+    else f(index_t{});
+  }
+
+  // Elements per block of reduce()'s flat path: n / 1024 rounded up to 256, at least 4096.
+  static index_t reduce_slice(index_t n) {
+    const index_t per = (n + 1023) / 1024;
+    return std::max<index_t>(4096, (per + 255) / 256 * 256);
   }
 
   static unsigned blocks(index_t n) {
@@ -509,7 +644,10 @@ class CudaExecutor {
 
   cudaStream_t stream_;
   bool allow_tf32_ = false;
-  bool lt_bias_ok_ = true, lt_bgrad_ok_ = true, lt_relu_ok_ = true, lt_gelu_ok_ = true;
+  bool lt_epilogues_ = true;
+  std::size_t lt_fallbacks_ = 0;
+  std::size_t gemm_fallbacks_ = 0;
+  std::unordered_map<const void*, std::pair<index_t, index_t>> relu_masks_;
   LaunchStats stats_;
   TempPool<cuda> temps_;
   cu::Lt lt_;

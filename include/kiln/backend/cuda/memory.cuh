@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <concepts>
+
 #include "kiln/backend/cuda/allocator.cuh"
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/core/memory.hpp"
@@ -31,20 +33,58 @@ struct memory_traits<cuda> {
   }
 };
 
-// Host → device copy (blocking: the host tensor may be freed right after).
+// Host ↔ device copies. Each takes the stream (or the executor) whose work it must be ordered
+// with, copies on it with the async call, and waits for that stream before it returns, as its
+// contract says: to_device's host tensor may be freed right after, and to_host's result is read
+// by the host. Without a stream they are device-wide: they wait for every stream before the
+// copy (a caching-allocator block may still be in use by work queued on another stream) and
+// after it — meant for set-up and tests, not for a training loop.
+
 template <class T, index_t... D>
-Tensor<T, cuda, D...> to_device(const Tensor<T, host, D...>& t) {
+Tensor<T, cuda, D...> to_device(const Tensor<T, host, D...>& t, cudaStream_t stream) {
   Tensor<T, cuda, D...> r(t.shape());
-  if (t.size()) KILN_CUDA_CHECK(cudaMemcpy(r.data(), t.data(), t.bytes(), cudaMemcpyHostToDevice));
+  if (t.size()) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(r.data(), t.data(), t.bytes(), cudaMemcpyHostToDevice, stream));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
   return r;
 }
 
-// Device → host copy (blocking: waits for the work that produced the tensor).
+template <class T, index_t... D>
+Tensor<T, host, D...> to_host(const Tensor<T, cuda, D...>& t, cudaStream_t stream) {
+  Tensor<T, host, D...> r(t.shape());
+  if (t.size()) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(r.data(), t.data(), t.bytes(), cudaMemcpyDeviceToHost, stream));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  return r;
+}
+
+// On an executor's stream (anything with a stream() member: kiln::CudaExecutor).
+template <class Exec, class T, index_t... D>
+  requires requires(const Exec& e) { { e.stream() } -> std::convertible_to<cudaStream_t>; }
+Tensor<T, cuda, D...> to_device(const Tensor<T, host, D...>& t, const Exec& exec) {
+  return to_device(t, exec.stream());
+}
+template <class Exec, class T, index_t... D>
+  requires requires(const Exec& e) { { e.stream() } -> std::convertible_to<cudaStream_t>; }
+Tensor<T, host, D...> to_host(const Tensor<T, cuda, D...>& t, const Exec& exec) {
+  return to_host(t, exec.stream());
+}
+
+// Device-wide (no stream named).
+template <class T, index_t... D>
+Tensor<T, cuda, D...> to_device(const Tensor<T, host, D...>& t) {
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  Tensor<T, cuda, D...> r = to_device(t, cudaStream_t{});
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  return r;
+}
+
 template <class T, index_t... D>
 Tensor<T, host, D...> to_host(const Tensor<T, cuda, D...>& t) {
-  Tensor<T, host, D...> r(t.shape());
-  if (t.size()) KILN_CUDA_CHECK(cudaMemcpy(r.data(), t.data(), t.bytes(), cudaMemcpyDeviceToHost));
-  return r;
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  return to_host(t, cudaStream_t{});
 }
 
 }  // namespace kiln
