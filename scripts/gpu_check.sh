@@ -134,10 +134,10 @@ sanitize() {
   run kiln_tests_cuda "$tool" "$cap" "$OUT/$tool.log" "$OUT/$tool.log" \
     "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 9 "$T" "$@"
 }
-sanitize memcheck 150 -sf='*test_cuda_step*,*test_cuda_nn*,*test_cuda_optim_loader*,*test_cuda_grad_scaler*,*test_cuda_kernels*,*test_cuda_rowwise*,*test_cuda_streams*,*test_cuda_linear*' \
+sanitize memcheck 120 -sf='*test_cuda_step*,*test_cuda_nn*,*test_cuda_optim_loader*,*test_cuda_grad_scaler*,*test_cuda_kernels*,*test_cuda_rowwise*,*test_cuda_streams*,*test_cuda_linear*' \
   -tce='*non-blocking stream*,*waits for the kernel*,*waits for the work*,*(large)*'
-sanitize racecheck 60 -sf='*test_cuda_kernels*,*test_cuda_rowwise*' -tce='*(large)*'
-sanitize initcheck 60 -sf='*test_cuda_step*,*test_cuda_grad_scaler*'
+sanitize racecheck 45 -sf='*test_cuda_kernels*,*test_cuda_rowwise*' -tce='*(large)*'
+sanitize initcheck 45 -sf='*test_cuda_step*,*test_cuda_grad_scaler*'
 
 # ---- nothing may have been skipped -------------------------------------------------------------
 if grep -l -i -E '(^|: |")skipped' "$OUT"/*.log "$OUT/bench.jsonl" > "$OUT/skipped.txt" 2> /dev/null; then
