@@ -63,6 +63,16 @@ double sample(impl which, const shape& s, operands& o, int reps) {
 
 using kiln_bench::median;
 
+// The microkernel kiln's own GEMM was compiled with (chosen from the target flags), e.g.
+// "avx512 12x32".
+const char* own_kernel() {
+  static char name[32];
+  using blk = kiln::cpu::detail::gemm_blocking<float>;
+  std::snprintf(name, sizeof name, "%s %dx%d",
+                KILN_GEMM_AVX512 ? "avx512" : KILN_GEMM_AVX2 ? "avx2" : "portable", blk::mr, blk::nr);
+  return name;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,6 +93,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::fprintf(stderr, "own microkernel: %s (float)\n", own_kernel());
   std::fprintf(stderr, "%-4s %5s %5s %5s %3s %3s  %9s %9s  %s\n", "op", "m", "n", "k", "ta", "tb",
                "own GF/s", "cblas GF/s", "own/cblas");
   for (const shape& s : shapes) {
@@ -103,11 +114,12 @@ int main(int argc, char** argv) {
       const double t = median(times[w]);
       gf[w] = flops / t * 1e-9;
       std::printf(
-          "{\"bench\":\"gemm\",\"impl\":\"%s\",\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,"
+          "{\"bench\":\"gemm\",\"impl\":\"%s\",\"kernel\":\"%s\",\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,"
           "\"ta\":\"%s\","
           "\"tb\":\"%s\",\"beta\":%g,\"threads\":1,\"samples\":%d,\"reps\":%d,\"median_s\":%.4e,"
           "\"gflops\":%.2f}\n",
-          impls[w] == impl::own ? "own" : "cblas", s.op, static_cast<long long>(s.m),
+          impls[w] == impl::own ? "own" : "cblas", impls[w] == impl::own ? own_kernel() : "cblas",
+          s.op, static_cast<long long>(s.m),
           static_cast<long long>(s.n), static_cast<long long>(s.k),
           s.ta == trans::yes ? "yes" : "no", s.tb == trans::yes ? "yes" : "no", double(s.beta),
           samples, reps, t, gf[w]);

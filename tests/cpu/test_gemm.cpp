@@ -182,6 +182,19 @@ TEST_CASE("gemm_own float: every shape in {0..300}^3, all transposes, alpha/beta
   sweep<float>(impl::own, "float", all_sizes);
 }
 
+TEST_CASE("gemm_own float: sizes around the register tiles (6 x 16 AVX2, 12 x 32 AVX-512)") {
+  // One short of, exactly and one past a tile edge in m and n, both as C's rows and columns and,
+  // through the narrow-C transposition, swapped; k = 1 runs the k loop once.
+  const std::vector<index_t> mn = {5, 6, 11, 12, 13, 15, 16, 24, 31, 32, 33, 48};
+  std::uint64_t index = 101;
+  for (trans ta : both)
+    for (trans tb : both)
+      for (index_t m : mn)
+        for (index_t n : mn)
+          for (index_t k : {1, 12, 33})
+            check_case<float>(make_case(ta, tb, m, n, k, index++), impl::own, "float");
+}
+
 TEST_CASE("gemm_own double") { sweep<double>(impl::own, "double", few_sizes); }
 
 TEST_CASE("gemm_own f16 and bf16 inputs sum and write float") {

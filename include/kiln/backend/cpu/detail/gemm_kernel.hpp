@@ -23,6 +23,15 @@
 #define KILN_GEMM_AVX2 0
 #endif
 
+// The AVX-512 fp32 kernel (gemm_kernel_avx512.hpp) when the target has AVX-512F, which implies
+// AVX2 and FMA (the packing keeps using the AVX2 routines). -DKILN_GEMM_AVX2_ONLY keeps the AVX2
+// kernel on such targets, for side-by-side measurements.
+#if KILN_GEMM_AVX2 && defined(__AVX512F__) && !defined(KILN_GEMM_AVX2_ONLY)
+#define KILN_GEMM_AVX512 1
+#else
+#define KILN_GEMM_AVX512 0
+#endif
+
 // Unrolling the k loop 4x is worth a few percent with GCC; nvcc's front end does not know the
 // pragma (and warns), so it only goes to the host compilers. Undefined at the end of this file.
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
@@ -39,7 +48,18 @@ namespace kiln::cpu::detail {
 template <class Acc>
 struct gemm_blocking;
 
-#if KILN_GEMM_AVX2
+#if KILN_GEMM_AVX512
+// 12 x 32 floats = 24 zmm accumulators (see gemm_kernel_avx512.hpp). A B micro-panel, kc x 32
+// floats, is 32 KiB at kc = 256: two thirds of a 48 KiB L1d (Zen 5, Sapphire Rapids), the rest
+// for the 12 KiB A micro-panel streaming past it. kc = 192 (24 KiB) measured up to 15% slower on
+// the MLP shapes, whose k = 256 it splits in two passes over C. The A block, mc x kc = 240 x 256
+// floats = 240 KiB, sits in the 1-2 MiB L2; the B block, kc x nc (4 MiB), in L3.
+template <>
+struct gemm_blocking<float> {
+  static constexpr int mr = 12, nr = 32;
+  static constexpr index_t kc = 256, mc = 240, nc = 4096;
+};
+#elif KILN_GEMM_AVX2
 // 6 x 16 floats = 12 ymm accumulators + 2 B vectors + 1 broadcast: 15 of the 16 ymm registers.
 // Per k step 8 loads feed 12 FMAs, so the two FMA pipes, not the load ports, set the pace.
 template <>
@@ -47,6 +67,8 @@ struct gemm_blocking<float> {
   static constexpr int mr = 6, nr = 16;
   static constexpr index_t kc = 256, mc = 144, nc = 4080;
 };
+#endif
+#if KILN_GEMM_AVX2
 template <>
 struct gemm_blocking<double> {
   static constexpr int mr = 6, nr = 8;
@@ -108,12 +130,14 @@ struct avx_ops<float> {
   }
   static vec maskload(const float* p, __m256i m) { return _mm256_maskload_ps(p, m); }
   static void maskstore(float* p, __m256i m, vec v) { _mm256_maskstore_ps(p, m, v); }
-  // Stores lanes [0, N) of v; N is 8 or 6 (the panel heights).
+  // Stores lanes [0, N) of v; N is 8, 6 or 4 (the panel heights modulo 8).
   template <int N>
   static void store_first(float* d, vec v) {
-    static_assert(N == 8 || N == 6, "float panels have 8n or 6 rows");
+    static_assert(N == 8 || N == 6 || N == 4, "float panels have 8n, 8n + 4 or 6 rows");
     if constexpr (N == 8) {
       _mm256_storeu_ps(d, v);
+    } else if constexpr (N == 4) {
+      _mm_storeu_ps(d, _mm256_castps256_ps128(v));
     } else {
       _mm_storeu_ps(d, _mm256_castps256_ps128(v));
       _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), _mm256_extractf128_ps(v, 1));
@@ -226,13 +250,13 @@ inline void store_tile_transposed(const typename avx_ops<Acc>::vec (&acc)[MR][NV
 // c[r * rs_c + j * cs_c] and either cs_c == 1 (row-major C) or rs_c == 1 (C seen transposed).
 // requires: ap holds kc x MR and bp kc x NR packed values, bp 32-byte aligned; mr <= MR, nr <= NR.
 template <class Acc>
-inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
+inline void microkernel_avx2(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
                         Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta,
                         int mr, int nr) {
   using ops = avx_ops<Acc>;
   using vec = typename ops::vec;
-  constexpr int MR = gemm_blocking<Acc>::mr;
-  constexpr int NR = gemm_blocking<Acc>::nr;
+  constexpr int MR = 6;
+  constexpr int NR = 2 * ops::lanes;
   constexpr int NV = NR / ops::lanes;
   static_assert(MR == 6 && NV == 2, "the AVX2 microkernel is written for 6 rows of two vectors");
 
@@ -292,6 +316,32 @@ inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN
   } else {
     const __m256i cols[NV] = {ops::mask(nr), ops::mask(nr - ops::lanes)};
     for (int r = 0; r < mr; ++r) update_c_row<true>(c + r * rs_c, acc[r], beta, cols);
+  }
+}
+
+}  // namespace kiln::cpu::detail
+
+#if KILN_GEMM_AVX512
+#include "kiln/backend/cpu/detail/gemm_kernel_avx512.hpp"
+#endif
+
+namespace kiln::cpu::detail {
+
+// The tile of C at c (see microkernel_avx2) from packed panels of gemm_blocking<Acc>'s shape.
+template <class Acc>
+inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
+                        Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta,
+                        int mr, int nr) {
+#if KILN_GEMM_AVX512
+  if constexpr (std::is_same_v<Acc, float>) {
+    static_assert(gemm_blocking<float>::nr == 32, "the AVX-512 kernel is 32 columns wide");
+    microkernel_avx512<gemm_blocking<float>::mr>(kc, ap, bp, c, rs_c, cs_c, alpha, beta, mr, nr);
+  } else
+#endif
+  {
+    static_assert(gemm_blocking<Acc>::mr == 6 && gemm_blocking<Acc>::nr == 16 * 4 / int(sizeof(Acc)),
+                  "gemm_blocking<Acc> must match the AVX2 kernel's 6 x (two vectors) tile");
+    microkernel_avx2(kc, ap, bp, c, rs_c, cs_c, alpha, beta, mr, nr);
   }
 }
 

@@ -35,7 +35,8 @@ inline void transpose4x4(__m256d r[4]) {
 // One panel whose R rows are contiguous (rs == 1): dst[p][r] = src[p * cs + r] for r < live,
 // zero above. Masked loads read exactly the live values (never past the matrix) and bring the
 // zeros of the padding rows with them; Full (live == R) loads whole vectors without masks.
-// V... numbers the vectors of a panel row (R = 16 floats: 0, 1; R = 6 doubles: 0, 1).
+// V... numbers the vectors of a panel row (R = 16 floats: 0, 1; R = 6 doubles: 0, 1;
+// R = 12 floats: 0, 1, the second stored half).
 template <int R, bool Full, class Acc, int... V>
 inline void pack_panel_contiguous(index_t kc, const Acc* src, index_t cs, index_t live, Acc* dst,
                                   std::integer_sequence<int, V...>) {
@@ -65,18 +66,24 @@ inline void pack_panel_contiguous(index_t kc, const Acc* src, index_t cs, index_
 template <int R>
 inline index_t pack_panel_transposed(index_t kc, const float* src, index_t rs, index_t live,
                                      float* dst) {
-  static_assert(R % 8 == 0 || R == 6, "float transposing pack handles R = 8n or 6");
+  static_assert(R % 8 == 0 || R % 8 == 4 || R == 6,
+                "float transposing pack handles R = 8n, 8n + 4 (AVX-512 tiles) or 6");
   const index_t kc8 = kc - kc % 8;
   for (index_t p = 0; p < kc8; p += 8) {
     for (int g = 0; g < (R + 7) / 8; ++g) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) {
-        const int row = 8 * g + i;  // R = 6: rows 6 and 7 are zero and never stored
+        const int row = 8 * g + i;  // rows past R (R = 6, 12) are zero and never stored
         r[i] = row < live ? _mm256_loadu_ps(src + row * rs + p) : _mm256_setzero_ps();
       }
       transpose8x8(r);
       for (int q = 0; q < 8; ++q) {
-        avx_ops<float>::store_first<(R % 8 == 0 ? 8 : 6)>(dst + (p + q) * R + g * 8, r[q]);
+        float* d = dst + (p + q) * R + g * 8;
+        if (8 * g + 8 <= R) {
+          avx_ops<float>::store_first<8>(d, r[q]);
+        } else {
+          avx_ops<float>::store_first<(R % 8 == 0 ? 8 : R % 8)>(d, r[q]);
+        }
       }
     }
   }
