@@ -12,24 +12,16 @@
 #include <string>
 #include <vector>
 
+#include "step_helpers.hpp"
+
 using namespace kiln;
 
 namespace {
 
-using Mlp = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::GELUTanh, nn::Linear<8, 4>>;
+using kiln_step_test::OwnedBatch;
+using kiln_step_test::values_of;
 
-struct OwnedBatch {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  data::Batch batch() {
-    data::Batch b;
-    b.features = x;
-    b.labels = y;
-    b.size = index_t(y.size());
-    b.dim = 12;
-    return b;
-  }
-};
+using Mlp = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::GELUTanh, nn::Linear<8, 4>>;
 
 // A learnable problem: the label is the largest of the first four features.
 OwnedBatch make_batch(index_t rows, std::uint64_t seed) {
@@ -43,12 +35,6 @@ OwnedBatch make_batch(index_t rows, std::uint64_t seed) {
     b.y.push_back(label);
   }
   return b;
-}
-
-std::vector<float> values_of(const Mlp& m) {
-  std::vector<float> out;
-  m.for_each_parameter([&](const auto& v) { out.insert(out.end(), v.value().data(), v.value().data() + v.value().size()); });
-  return out;
 }
 
 template <class Policy>

@@ -12,25 +12,16 @@
 #include <string>
 #include <vector>
 
+#include "step_helpers.hpp"
+
 using namespace kiln;
 
 namespace {
 
-using Mlp = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::ReLU, nn::Linear<8, 4>>;
+using kiln_step_test::OwnedBatch;
+using kiln_step_test::values_of;
 
-// A host batch over owned buffers, shaped like data::Batch.
-struct OwnedBatch {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  data::Batch batch() {
-    data::Batch b;
-    b.features = x;
-    b.labels = y;
-    b.size = index_t(y.size());
-    b.dim = 12;
-    return b;
-  }
-};
+using Mlp = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::ReLU, nn::Linear<8, 4>>;
 
 OwnedBatch make_batch(index_t rows, std::uint64_t seed) {
   Generator g(seed);
@@ -38,12 +29,6 @@ OwnedBatch make_batch(index_t rows, std::uint64_t seed) {
   for (index_t i = 0; i < rows * 12; ++i) b.x.push_back(g.uniform(-1.f, 1.f));
   for (index_t r = 0; r < rows; ++r) b.y.push_back(std::int32_t(g.below(4)));
   return b;
-}
-
-std::vector<float> values_of(const Mlp& m) {
-  std::vector<float> out;
-  m.for_each_parameter([&](const auto& v) { out.insert(out.end(), v.value().data(), v.value().data() + v.value().size()); });
-  return out;
 }
 
 void check_close(const std::vector<float>& a, const std::vector<float>& b, double tol) {
