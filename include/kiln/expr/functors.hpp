@@ -83,7 +83,8 @@ struct Sigmoid {
   // Written so exp never overflows: for x < 0 use e^x / (1 + e^x).
   template <class T> KILN_HOST_DEVICE T operator()(T x) const {
     const T e = math::exp(-math::abs(x));
-    return x >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
+    const T hi = T(1) / (T(1) + e);
+    return math::select(x >= T(0), hi, e * hi);
   }
   template <class T> KILN_HOST_DEVICE T d(T x) const {
     const T s = (*this)(x);
@@ -96,34 +97,33 @@ struct Relu {
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return !(x <= T(0)) ? x : T(0); }
   template <class T> KILN_HOST_DEVICE T d(T x) const { return x > T(0) ? T(1) : T(0); }
 };
-// GELU, exact form: x·Φ(x).
+// GELU, exact form: x·Φ(x), with Φ through erfc so the lower tail keeps its precision
+// (gelu(−6) = −5.9e-9, where 1 + erf(−6/√2) would cancel to 0).
 struct GeluErf {
   static constexpr const char* name = "gelu";
-  template <class T> KILN_HOST_DEVICE T operator()(T x) const {
-    return T(0.5) * x * (T(1) + math::erf(x * T(0.70710678118654752440)));
-  }
+  template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::gelu_erf(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const {
-    const T cdf = T(0.5) * (T(1) + math::erf(x * T(0.70710678118654752440)));
     const T pdf = math::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
-    return cdf + x * pdf;
+    return math::norm_cdf(x) + x * pdf;
   }
 };
-// GELU, tanh approximation (PyTorch's approximate='tanh').
+// GELU, tanh approximation (PyTorch's approximate='tanh'): ½·x·(1 + tanh u) computed as
+// x·σ(2u), the same function without the cancellation of 1 + tanh u for x << 0.
 struct GeluTanh {
   static constexpr const char* name = "gelu_tanh";
-  template <class T> KILN_HOST_DEVICE T operator()(T x) const {
-    const T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
-    return T(0.5) * x * (T(1) + math::tanh(inner));
+  template <class T> static KILN_HOST_DEVICE T inner(T x) {
+    return T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
   }
+  template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::gelu_tanh(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const {
-    const T k = T(0.79788456080286535588);
-    const T t = math::tanh(k * (x + T(0.044715) * x * x * x));
-    return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(3) * T(0.044715) * x * x);
+    const T s = Sigmoid{}(T(2) * inner(x));
+    const T du = T(0.79788456080286535588) * (T(1) + T(3) * T(0.044715) * x * x);
+    return s + T(2) * x * s * (T(1) - s) * du;
   }
 };
 struct Silu {
   static constexpr const char* name = "silu";
-  template <class T> KILN_HOST_DEVICE T operator()(T x) const { return x * Sigmoid{}(x); }
+  template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::silu(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const {
     const T s = Sigmoid{}(x);
     return s * (T(1) + x * (T(1) - s));
@@ -133,9 +133,9 @@ struct Silu {
 struct Softplus {
   static constexpr const char* name = "softplus";
   template <class T> KILN_HOST_DEVICE T operator()(T x) const {
-    return x > T(20) ? x : math::log1p(math::exp(x));
+    return math::select(x > T(20), x, math::log1p(math::exp(x)));
   }
-  template <class T> KILN_HOST_DEVICE T d(T x) const { return x > T(20) ? T(1) : Sigmoid{}(x); }
+  template <class T> KILN_HOST_DEVICE T d(T x) const { return math::select(x > T(20), T(1), Sigmoid{}(x)); }
 };
 // Functors with a parameter carry it as a member (kernels receive it by value).
 struct PowScalar {
@@ -153,7 +153,7 @@ struct Clamp {
 struct LeakyRelu {
   static constexpr const char* name = "leaky_relu";
   double slope;
-  template <class T> KILN_HOST_DEVICE T operator()(T x) const { return x > T(0) ? x : T(slope) * x; }
+  template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::select(x > T(0), x, T(slope) * x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const { return x > T(0) ? T(1) : T(slope); }
 };
 // Identity: a plain copy (and the node a cast wraps).
@@ -194,7 +194,7 @@ struct Pow {
   template <class T> KILN_HOST_DEVICE T d0(T a, T b) const { return b * math::pow(a, b - T(1)); }
   // d/db a^b = a^b ln a; PyTorch defines it as 0 where a == 0 and b >= 0.
   template <class T> KILN_HOST_DEVICE T d1(T a, T b) const {
-    return (a == T(0) && b >= T(0)) ? T(0) : math::pow(a, b) * math::log(a);
+    return math::select((a == T(0)) & (b >= T(0)), T(0), math::pow(a, b) * math::log(a));
   }
 };
 // On ties PyTorch splits the gradient evenly between both inputs.
