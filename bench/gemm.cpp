@@ -1,10 +1,14 @@
 // bench/gemm — kiln's own CPU GEMM against CBLAS (OpenBLAS) on the GEMMs of training an MLP
-// 400-256-128-10, single thread.
+// 400-256-128-10, single thread, in fp32 and with kiln::bf16 inputs (fp32 accumulation and C).
 //
 // Per layer (in -> out) and batch B: forward Y = X W^T (B x out, k = in), backward
 // dX = dY W (B x in, k = out) and dW += dY^T X (out x in, k = B, beta = 1 as gradients add up).
-// Each line on stdout is one JSON measurement; own and cblas samples alternate so that load from
-// other processes hits both alike. A summary table goes to stderr.
+// Each line on stdout is one JSON measurement; the samples of all implementations alternate so
+// that load from other processes hits them alike. Implementations: own and cblas (fp32), bf16
+// (kiln's own GEMM on bf16 inputs, with the kernel current_gemm_bf16_path() picks: vdpbf16ps where
+// compiled in) and, when that is the native kernel, bf16_emulate (the exact float emulation) for
+// comparison. bf16 lines carry "vs_fp32": their GF/s over own fp32's on the same shape and run.
+// A summary table goes to stderr.
 //
 // usage: gemm [seconds per measurement, default 0.3]
 #include <kiln/backend/cpu/gemm.hpp>
@@ -30,16 +34,30 @@ struct shape {
   float beta;
 };
 
-enum class impl { own, cblas };
+enum class impl { own, cblas, bf16, bf16_emulate };
+
+const char* impl_name(impl i) {
+  switch (i) {
+    case impl::own: return "own";
+    case impl::cblas: return "cblas";
+    case impl::bf16: return "bf16";
+    case impl::bf16_emulate: return "bf16_emulate";
+  }
+  return "?";
+}
+bool is_bf16(impl i) { return i == impl::bf16 || i == impl::bf16_emulate; }
 
 struct operands {
   std::vector<float> a, b, c;
+  std::vector<kiln::bf16> ah, bh;  // a and b rounded to bf16
   explicit operands(const shape& s) : a(s.m * s.k), b(s.k * s.n), c(s.m * s.n) {
     std::mt19937 rng(42);
     std::uniform_real_distribution<float> d(-1.0f, 1.0f);
     for (float& x : a) x = d(rng);
     for (float& x : b) x = d(rng);
     for (float& x : c) x = d(rng) * 1e-3f;
+    for (float x : a) ah.push_back(kiln::bf16(x));
+    for (float x : b) bh.push_back(kiln::bf16(x));
   }
 };
 
@@ -48,9 +66,17 @@ void call(impl which, const shape& s, operands& o) {
   if (which == impl::own) {
     kiln::cpu::gemm_own(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.a.data(), lda, o.b.data(), ldb, s.beta,
                         o.c.data(), s.n, 1);
-  } else {
+  } else if (which == impl::cblas) {
     kiln::cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.a.data(), lda, o.b.data(), ldb, s.beta,
                     o.c.data(), s.n, 1);
+  } else {
+    const auto path = which == impl::bf16_emulate ? kiln::cpu::gemm_bf16_path::emulate
+                                                  : kiln::cpu::current_gemm_bf16_path();
+    const auto before = kiln::cpu::current_gemm_bf16_path();
+    kiln::cpu::set_gemm_bf16_path(path);
+    kiln::cpu::gemm_own(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.ah.data(), lda, o.bh.data(), ldb,
+                        s.beta, o.c.data(), s.n, 1);
+    kiln::cpu::set_gemm_bf16_path(before);
   }
 }
 
@@ -73,6 +99,29 @@ const char* own_kernel() {
   return name;
 }
 
+// The kernel bf16 inputs run on: "avx512bf16 12x32" (vdpbf16ps) or "emulate <fp32 kernel>".
+const char* bf16_kernel(bool emulate) {
+  static char name[48];
+#if KILN_GEMM_BF16_NATIVE
+  if (!emulate) return kiln::cpu::detail::gemm_kernel_bf16::name;
+#else
+  (void)emulate;
+#endif
+  std::snprintf(name, sizeof name, "emulate %s", own_kernel());
+  return name;
+}
+
+const char* kernel_of(impl i) {
+  switch (i) {
+    case impl::own: return own_kernel();
+    case impl::cblas: return "cblas";
+    case impl::bf16:
+      return bf16_kernel(kiln::cpu::current_gemm_bf16_path() == kiln::cpu::gemm_bf16_path::emulate);
+    case impl::bf16_emulate: return bf16_kernel(true);
+  }
+  return "?";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,6 +131,9 @@ int main(int argc, char** argv) {
   kiln::cpu::set_gemm_backend(kiln::cpu::gemm_backend::cblas);
   impls.push_back(impl::cblas);
 #endif
+  impls.push_back(impl::bf16);
+  if (kiln::cpu::current_gemm_bf16_path() == kiln::cpu::gemm_bf16_path::native)
+    impls.push_back(impl::bf16_emulate);
   std::vector<shape> shapes;
   const index_t layers[][2] = {{400, 256}, {256, 128}, {128, 10}};
   for (index_t batch : {64, 256, 1024}) {
@@ -93,9 +145,11 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::fprintf(stderr, "own microkernel: %s (float)\n", own_kernel());
-  std::fprintf(stderr, "%-4s %5s %5s %5s %3s %3s  %9s %9s  %s\n", "op", "m", "n", "k", "ta", "tb",
-               "own GF/s", "cblas GF/s", "own/cblas");
+  std::fprintf(stderr, "own microkernel: %s (float), bf16: %s\n", own_kernel(),
+               kernel_of(impl::bf16));
+  std::fprintf(stderr, "%-4s %5s %5s %5s %3s %3s", "op", "m", "n", "k", "ta", "tb");
+  for (impl w : impls) std::fprintf(stderr, " %12s", impl_name(w));
+  std::fprintf(stderr, "   GF/s; own/cblas bf16/own\n");
   for (const shape& s : shapes) {
     operands o(s);
     const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
@@ -109,26 +163,34 @@ int main(int argc, char** argv) {
       for (std::size_t w = 0; w < impls.size(); ++w)
         times[w].push_back(sample(impls[w], s, o, reps));
 
-    double gf[2] = {0, 0};
+    std::vector<double> med(impls.size()), gf(impls.size());
     for (std::size_t w = 0; w < impls.size(); ++w) {
-      const double t = median(times[w]);
-      gf[w] = flops / t * 1e-9;
+      med[w] = median(times[w]);
+      gf[w] = flops / med[w] * 1e-9;
+    }
+    for (std::size_t w = 0; w < impls.size(); ++w) {
+      char vs[48] = "";
+      if (is_bf16(impls[w])) std::snprintf(vs, sizeof vs, ",\"vs_fp32\":%.3f", gf[w] / gf[0]);
       std::printf(
-          "{\"bench\":\"gemm\",\"impl\":\"%s\",\"kernel\":\"%s\",\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,"
-          "\"ta\":\"%s\","
-          "\"tb\":\"%s\",\"beta\":%g,\"threads\":1,\"samples\":%d,\"reps\":%d,\"median_s\":%.4e,"
-          "\"gflops\":%.2f}\n",
-          impls[w] == impl::own ? "own" : "cblas", impls[w] == impl::own ? own_kernel() : "cblas",
-          s.op, static_cast<long long>(s.m),
-          static_cast<long long>(s.n), static_cast<long long>(s.k),
+          "{\"bench\":\"gemm\",\"impl\":\"%s\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"op\":\"%s\","
+          "\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ta\":\"%s\",\"tb\":\"%s\",\"beta\":%g,\"threads\":1,"
+          "\"samples\":%d,\"reps\":%d,\"median_s\":%.4e,\"gflops\":%.2f%s}\n",
+          impl_name(impls[w]), is_bf16(impls[w]) ? "bf16" : "f32", kernel_of(impls[w]), s.op,
+          static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
           s.ta == trans::yes ? "yes" : "no", s.tb == trans::yes ? "yes" : "no", double(s.beta),
-          samples, reps, t, gf[w]);
+          samples, reps, med[w], gf[w], vs);
     }
     std::fflush(stdout);
-    std::fprintf(stderr, "%-4s %5lld %5lld %5lld %3s %3s  %9.1f %9.1f  %6.2f\n", s.op,
-                 static_cast<long long>(s.m), static_cast<long long>(s.n),
-                 static_cast<long long>(s.k), s.ta == trans::yes ? "T" : "N",
-                 s.tb == trans::yes ? "T" : "N", gf[0], gf[1], gf[1] > 0 ? gf[0] / gf[1] : 0.0);
+    std::fprintf(stderr, "%-4s %5lld %5lld %5lld %3s %3s", s.op, static_cast<long long>(s.m),
+                 static_cast<long long>(s.n), static_cast<long long>(s.k),
+                 s.ta == trans::yes ? "T" : "N", s.tb == trans::yes ? "T" : "N");
+    for (double x : gf) std::fprintf(stderr, " %12.1f", x);
+    auto gf_of = [&](impl i) {
+      const auto at = std::find(impls.begin(), impls.end(), i);
+      return at == impls.end() ? 0.0 : gf[static_cast<std::size_t>(at - impls.begin())];
+    };
+    const double cb = gf_of(impl::cblas);
+    std::fprintf(stderr, "   %9.2f %7.2f\n", cb > 0 ? gf[0] / cb : 0.0, gf_of(impl::bf16) / gf[0]);
   }
   return 0;
 }

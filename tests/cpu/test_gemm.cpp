@@ -118,10 +118,13 @@ run_result<T> run_case(const gemm_case& g, impl which) {
       }
       const double start = g.beta == 0 ? 0.0 : static_cast<double>(c0[i * ldc + j]);
       const double ref = static_cast<double>(alpha) * sum + static_cast<double>(beta) * start;
-      // Rounding of a k-term sum plus the alpha/beta update; the floor covers exact zeros.
+      // Rounding of a k-term sum plus the alpha/beta update: (k + 2) * 2 eps, i.e. (k + 2) * 2^-22
+      // for float, times sum |a b| (and the C term). The floor covers exact zeros and, for bf16 on
+      // vdpbf16ps, denormal inputs and partial sums flushed to zero (under 2^-126 per step).
       const double bound = 2.0 * static_cast<double>(g.k + 2) * eps *
                                (std::abs(g.alpha) * mag + std::abs(g.beta * start)) +
-                           std::numeric_limits<Acc>::min();
+                           2.0 * static_cast<double>(g.k + 1) * (1.0 + std::abs(g.alpha)) *
+                               std::numeric_limits<Acc>::min();
       const double got = static_cast<double>(r.c[i * ldc + j]);
       const double err = std::isfinite(got) ? std::abs(got - ref) / bound : INFINITY;
       if (!(err <= r.worst)) {
@@ -202,6 +205,122 @@ TEST_CASE("gemm_own f16 and bf16 inputs sum and write float") {
   static_assert(std::is_same_v<kiln::cpu::gemm_acc_t<kiln::bf16>, float>);
   sweep<kiln::f16>(impl::own, "f16", few_sizes);
   sweep<kiln::bf16>(impl::own, "bf16", few_sizes);
+}
+
+namespace {
+
+// Sets the bf16 path for its lifetime, restoring the previous one after.
+class bf16_path_scope {
+ public:
+  explicit bf16_path_scope(kiln::cpu::gemm_bf16_path p)
+      : before_(kiln::cpu::current_gemm_bf16_path()) {
+    kiln::cpu::set_gemm_bf16_path(p);
+  }
+  ~bf16_path_scope() { kiln::cpu::set_gemm_bf16_path(before_); }
+  bf16_path_scope(const bf16_path_scope&) = delete;
+  bf16_path_scope& operator=(const bf16_path_scope&) = delete;
+
+ private:
+  kiln::cpu::gemm_bf16_path before_;
+};
+
+const char* path_name(kiln::cpu::gemm_bf16_path p) {
+  return p == kiln::cpu::gemm_bf16_path::native ? "bf16 native" : "bf16 emulate";
+}
+
+// Every m, n, k in `sizes` (1..70: single values, both sides of the 12 x 32 tile and of odd k),
+// all transposes, alpha in {1, -0.5, 2}, beta in {0, 1, -1.5}, leading dimensions padded or not;
+// then products past one cache block in every direction (odd k over two k blocks, m > mc, n > nc).
+void bf16_sweep(kiln::cpu::gemm_bf16_path path) {
+  const bf16_path_scope scope(path);
+  const std::vector<index_t> sizes = {1, 2, 3, 5, 12, 13, 17, 31, 32, 33, 64, 70};
+  std::uint64_t index = 0;
+  for (trans ta : both)
+    for (trans tb : both)
+      for (index_t m : sizes)
+        for (index_t n : sizes)
+          for (index_t k : sizes)
+            check_case<kiln::bf16>(make_case(ta, tb, m, n, k, index++), impl::own, path_name(path));
+  const index_t shapes[][3] = {{3, 5000, 5}, {300, 40, 1001}, {250, 37, 513}, {1, 1, 1000}};
+  for (trans ta : both)
+    for (trans tb : both)
+      for (const auto& s : shapes)
+        check_case<kiln::bf16>(make_case(ta, tb, s[0], s[1], s[2], index++), impl::own,
+                               path_name(path));
+}
+
+// Threads 1 and 2 give the same bits, and so does the whole team.
+void bf16_threads(kiln::cpu::gemm_bf16_path path) {
+  const bf16_path_scope scope(path);
+  const index_t shapes[][3] = {
+      {200, 150, 301}, {1000, 37, 70}, {5, 513, 1001}, {64, 256, 400}, {256, 400, 64}};
+  std::uint64_t index = 11;
+  for (const auto& s : shapes) {
+    for (trans ta : both) {
+      gemm_case g = make_case(ta, trans::no, s[0], s[1], s[2], index++);
+      g.threads = 1;
+      const run_result<kiln::bf16> one = run_case<kiln::bf16>(g, impl::own);
+      g.threads = 2;
+      const run_result<kiln::bf16> two = run_case<kiln::bf16>(g, impl::own);
+      g.threads = 0;
+      const run_result<kiln::bf16> all = run_case<kiln::bf16>(g, impl::own);
+      INFO(describe(g, impl::own, path_name(path)));
+      CHECK(one.worst <= 1.0);
+      CHECK(two.worst <= 1.0);
+      CHECK(std::memcmp(one.c.data(), two.c.data(), one.c.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(one.c.data(), all.c.data(), one.c.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gemm_own bf16 on vdpbf16ps: edge sizes, transposes, alpha/beta, padding, big blocks") {
+  if (!kiln::cpu::gemm_have_bf16_native) {
+    MESSAGE("skipped: no vdpbf16ps kernel in this build (the target lacks AVX512-BF16, or "
+            "KILN_GEMM_BF16_EMULATE is defined); bf16 runs on the emulation, tested below");
+    return;
+  }
+  bf16_sweep(kiln::cpu::gemm_bf16_path::native);
+}
+
+TEST_CASE("gemm_own bf16 on the exact emulation: the same sizes") {
+  bf16_sweep(kiln::cpu::gemm_bf16_path::emulate);
+}
+
+TEST_CASE("gemm_own bf16: the thread count changes nothing, bit for bit, on both paths") {
+  bf16_threads(kiln::cpu::gemm_bf16_path::emulate);
+  if (!kiln::cpu::gemm_have_bf16_native) {
+    MESSAGE("native half skipped: no vdpbf16ps kernel in this build");
+    return;
+  }
+  bf16_threads(kiln::cpu::gemm_bf16_path::native);
+}
+
+TEST_CASE("gemm_bf16_path: native only where compiled in; native flushes denormals, emulate not") {
+  using kiln::cpu::gemm_bf16_path;
+  const auto before = kiln::cpu::current_gemm_bf16_path();
+  CHECK(before == (kiln::cpu::gemm_have_bf16_native ? gemm_bf16_path::native
+                                                    : gemm_bf16_path::emulate));
+  // 2^-130 is a bf16 (and float) denormal: the emulation keeps it, vdpbf16ps reads it as zero.
+  const kiln::bf16 a[2] = {kiln::bf16(0x1p-130f), kiln::bf16(0.0f)};
+  const kiln::bf16 b[2] = {kiln::bf16(1.0f), kiln::bf16(1.0f)};
+  float c = std::numeric_limits<float>::quiet_NaN();
+  {
+    const bf16_path_scope scope(gemm_bf16_path::emulate);
+    kiln::cpu::gemm_own(trans::no, trans::no, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, &c, 1);
+    CHECK(c == 0x1p-130f);
+  }
+  if (!kiln::cpu::gemm_have_bf16_native) {
+    CHECK_THROWS_AS(kiln::cpu::set_gemm_bf16_path(gemm_bf16_path::native), kiln::ValueError);
+    MESSAGE("native half skipped: no vdpbf16ps kernel in this build");
+  } else {
+    const bf16_path_scope scope(gemm_bf16_path::native);
+    CHECK(kiln::cpu::current_gemm_bf16_path() == gemm_bf16_path::native);
+    kiln::cpu::gemm_own(trans::no, trans::no, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, &c, 1);
+    CHECK(c == 0.0f);
+  }
+  CHECK(kiln::cpu::current_gemm_bf16_path() == before);
 }
 
 TEST_CASE("gemm with f16 inputs runs on the own kernel whatever the backend") {

@@ -3,7 +3,10 @@
 // Row-major with BLAS semantics: op(A) is m x k, op(B) is k x n, C is m x n; element (i, j) of a
 // matrix with leading dimension ld sits at [i * ld + j]. beta == 0 never reads C (NaN garbage in
 // C is overwritten); alpha == 0 or k == 0 reads neither A nor B. float and double multiply in
-// their own type; kiln::f16 and kiln::bf16 inputs are summed and written in float.
+// their own type; kiln::f16 and kiln::bf16 inputs are summed and written in float. bf16 runs on
+// AVX512-BF16's vdpbf16ps where the target has it (gemm_bf16_path::native, the default there),
+// otherwise as an exact emulation in float; the two differ in the last bits of sums and in
+// denormals (see detail/gemm_kernel_bf16.hpp), not in the error bound.
 //
 //   kiln::cpu::gemm(trans::no, trans::yes, batch, 256, 400, 1.0f, x, 400, w, 400, 0.0f, y, 256);
 //
@@ -28,6 +31,7 @@
 #include "kiln/backend/cpu/detail/gemm_args.hpp"
 #include "kiln/backend/cpu/detail/gemm_cblas.hpp"
 #include "kiln/backend/cpu/detail/gemm_driver.hpp"
+#include "kiln/backend/cpu/detail/gemm_kernel_bf16.hpp"
 #pragma pop_macro("KILN_INTERNAL_INCLUDE")
 
 namespace kiln::cpu {
@@ -66,6 +70,37 @@ inline gemm_backend current_gemm_backend() noexcept {
   return detail::gemm_backend_setting().load(std::memory_order_relaxed);
 }
 
+// How kiln's own kernel multiplies kiln::bf16 inputs:
+//   native   AVX512-BF16 vdpbf16ps on bf16 pairs, fp32 accumulators (gemm_have_bf16_native);
+//   emulate  converted to float while packing, fp32 FMA kernel: every product exact, sums in
+//            float with IEEE denormals.
+enum class gemm_bf16_path { native, emulate };
+
+// True when the vdpbf16ps kernel is compiled in: the target has AVX512-BF16 (e.g. -march=native
+// on Zen 4/5, Cooper Lake, Sapphire Rapids) and KILN_GEMM_BF16_EMULATE is not defined.
+inline constexpr bool gemm_have_bf16_native = KILN_GEMM_BF16_NATIVE != 0;
+
+namespace detail {
+inline std::atomic<gemm_bf16_path>& gemm_bf16_setting() {
+  static std::atomic<gemm_bf16_path> setting{gemm_have_bf16_native ? gemm_bf16_path::native
+                                                                   : gemm_bf16_path::emulate};
+  return setting;
+}
+}  // namespace detail
+
+// Process-wide choice for bf16 products (both gemm and gemm_own); native by default where it is
+// compiled in. Throws ValueError for native in a build without it.
+inline void set_gemm_bf16_path(gemm_bf16_path p) {
+  KILN_CHECK(p != gemm_bf16_path::native || gemm_have_bf16_native, ValueError,
+             "kiln::cpu::set_gemm_bf16_path(native): this build has no vdpbf16ps kernel (the "
+             "target lacks AVX512-BF16, or KILN_GEMM_BF16_EMULATE is defined); use "
+             "gemm_bf16_path::emulate");
+  detail::gemm_bf16_setting().store(p, std::memory_order_relaxed);
+}
+inline gemm_bf16_path current_gemm_bf16_path() noexcept {
+  return detail::gemm_bf16_setting().load(std::memory_order_relaxed);
+}
+
 // The type of alpha, beta and C for inputs of type T: float for float/f16/bf16, double for double.
 template <class T>
 using gemm_acc_t = typename detail::gemm_types<T>::acc;
@@ -89,9 +124,17 @@ void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m
 #endif
   // op(A)(i, p) = a[i * a_rs + p * a_cs], op(B)(p, j) = b[p * b_ks + j * b_js], C(i, j) = c[i * ldc
   // + j].
-  gemm_blocked(gemm_problem<T, gemm_acc_t<T>>{m, n, k, alpha, beta, a, at ? 1 : lda, at ? lda : 1,
-                                              b, bt ? 1 : ldb, bt ? ldb : 1, c, ldc, 1},
-               threads);
+  const gemm_problem<T, gemm_acc_t<T>> g{m, n, k, alpha, beta, a, at ? 1 : lda, at ? lda : 1,
+                                         b, bt ? 1 : ldb, bt ? ldb : 1, c, ldc, 1};
+#if KILN_GEMM_BF16_NATIVE
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (current_gemm_bf16_path() == gemm_bf16_path::native) {
+      gemm_blocked<gemm_kernel_bf16>(g, threads);
+      return;
+    }
+  }
+#endif
+  gemm_blocked<gemm_kernel_fp<T, gemm_acc_t<T>>>(g, threads);
 }
 }  // namespace detail
 

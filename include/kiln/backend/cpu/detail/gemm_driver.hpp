@@ -128,19 +128,45 @@ gemm_problem<T, Acc> transposed(const gemm_problem<T, Acc>& g) {
           g.b_ks, g.a, g.a_cs, g.a_rs,  g.c,    g.c_cs, g.c_rs};
 }
 
+// What the loop nest needs from a microkernel, K:
+//   packed                   element type of the packed panels
+//   mr, nr; kc, mc, nc       register tile and block extents (see gemm_blocking)
+//   kstep                    k blocks other than the last are multiples of it
+//   packed_k(k)              packed elements per panel row for k values of k
+//   pack<R>(rows, k, src, rs, cs, dst)             gemm_pack.hpp's contract
+//   tile(k, ap, bp, c, rs_c, cs_c, alpha, beta, mr, nr)  microkernel's contract
+// gemm_kernel_fp: inputs converted to Acc while packing, multiplied in Acc (f16 and bf16 inputs
+// this way are the exact emulation: their products are exact in float). The bf16 kernel is
+// gemm_kernel_bf16 (gemm_kernel_bf16.hpp).
+template <class T, class Acc>
+struct gemm_kernel_fp {
+  using packed = Acc;
+  using blk = gemm_blocking<Acc>;
+  static constexpr int mr = blk::mr, nr = blk::nr;
+  static constexpr index_t kc = blk::kc, mc = blk::mc, nc = blk::nc, kstep = 1;
+  static constexpr index_t packed_k(index_t k) { return k; }
+  template <int R>
+  static void pack(index_t rows, index_t k, const T* src, index_t rs, index_t cs, Acc* dst) {
+    pack_panels<R>(rows, k, src, rs, cs, dst);
+  }
+  static void tile(index_t k, const Acc* ap, const Acc* bp, Acc* c, index_t rs_c, index_t cs_c,
+                   Acc alpha, Acc beta, int m_live, int n_live) {
+    microkernel(k, ap, bp, c, rs_c, cs_c, alpha, beta, m_live, n_live);
+  }
+};
+
 // Share of the multiply-adds that land in C rather than in the zero padding of partial tiles.
-template <class Acc>
+template <class K>
 double tile_use(index_t m, index_t n) {
-  return double(m) / double(round_up(m, gemm_blocking<Acc>::mr)) *
-         (double(n) / double(round_up(n, gemm_blocking<Acc>::nr)));
+  return double(m) / double(round_up(m, K::mr)) * (double(n) / double(round_up(n, K::nr)));
 }
 
 // A narrow C (n well under nr, e.g. the 10 logits of a classifier) wastes most of each nr-wide
 // tile; computing C^T puts the narrow side on the mr rows instead (n = 10: 83% of the work is
 // useful instead of 62%). The transposed tile store costs a few shuffles, hence the margin.
-template <class Acc>
+template <class K>
 bool prefer_transposed(index_t m, index_t n) {
-  return tile_use<Acc>(n, m) > 1.15 * tile_use<Acc>(m, n);
+  return tile_use<K>(n, m) > 1.15 * tile_use<K>(m, n);
 }
 
 // Sizes of one run of the loop nest, fixed before the threads start.
@@ -151,24 +177,26 @@ struct gemm_plan {
 };
 
 // The loop nest as run by thread `tid` of `team`; with team == 1 it is the whole product.
-template <class T, class Acc>
-void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, Acc* bbuf, Acc* abuf, int tid,
-              int team) {
-  constexpr int MR = gemm_blocking<Acc>::mr;
-  constexpr int NR = gemm_blocking<Acc>::nr;
+template <class K, class T, class Acc>
+void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::packed* bbuf,
+              typename K::packed* abuf, int tid, int team) {
+  constexpr int MR = K::mr;
+  constexpr int NR = K::nr;
   for (index_t jc = 0; jc < g.n; jc += plan.nc) {
     const index_t nc = std::min(plan.nc, g.n - jc);
     const index_t npanels = ceil_div(nc, NR);
     for (index_t pc = 0; pc < g.k; pc += plan.kc) {
       const index_t kc = std::min(plan.kc, g.k - pc);
+      const index_t kw = K::packed_k(kc);  // packed elements per panel row
       // Later k blocks add onto what the first one stored.
       const Acc beta = pc == 0 ? g.beta : Acc(1);
 
       const item_range mine = split_range(npanels, team, tid);
       if (mine.begin < mine.end) {
         const index_t col0 = mine.begin * NR;
-        pack_panels<NR>(std::min(nc, mine.end * NR) - col0, kc,
-                        g.b + pc * g.b_ks + (jc + col0) * g.b_js, g.b_js, g.b_ks, bbuf + col0 * kc);
+        K::template pack<NR>(std::min(nc, mine.end * NR) - col0, kc,
+                             g.b + pc * g.b_ks + (jc + col0) * g.b_js, g.b_js, g.b_ks,
+                             bbuf + col0 * kw);
       }
 #ifdef _OPENMP
       if (team > 1) {
@@ -180,16 +208,16 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, Acc* bbuf, A
         const index_t ib = t / plan.nsplit;
         const index_t ic = ib * plan.mc;
         const index_t mc = std::min(plan.mc, g.m - ic);
-        pack_panels<MR>(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
+        K::template pack<MR>(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
         const item_range cols = split_range(npanels, plan.nsplit, t % plan.nsplit);
         for (index_t jp = cols.begin; jp < cols.end; ++jp) {
           const int nr = static_cast<int>(std::min<index_t>(NR, nc - jp * NR));
-          const Acc* bp = bbuf + jp * NR * kc;
+          const typename K::packed* bp = bbuf + jp * NR * kw;
           Acc* cj = g.c + ic * g.c_rs + (jc + jp * NR) * g.c_cs;
           for (index_t ip = 0; ip * MR < mc; ++ip) {
             const int mr = static_cast<int>(std::min<index_t>(MR, mc - ip * MR));
-            microkernel(kc, abuf + ip * MR * kc, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha,
-                        beta, mr, nr);
+            K::tile(kc, abuf + ip * MR * kw, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha,
+                    beta, mr, nr);
           }
         }
       }
@@ -203,25 +231,26 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, Acc* bbuf, A
   }
 }
 
-// kiln's own GEMM on validated arguments.
+// kiln's own GEMM on validated arguments, with the microkernel and packing of K (above).
 // requires: m, n, k >= 0, strides valid for the extents, C row-major (c_cs == 1).
-template <class T, class Acc>
+template <class K, class T, class Acc>
 void gemm_blocked(gemm_problem<T, Acc> g, int threads) {
-  using blk = gemm_blocking<Acc>;
-  constexpr int MR = blk::mr;
-  constexpr int NR = blk::nr;
+  using P = typename K::packed;
+  constexpr int MR = K::mr;
+  constexpr int NR = K::nr;
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0 || g.alpha == Acc(0)) {  // BLAS: A and B are not read when alpha == 0
     scale_c(g.m, g.n, g.beta, g.c, g.c_rs);
     return;
   }
-  if (prefer_transposed<Acc>(g.m, g.n)) g = transposed(g);
+  if (prefer_transposed<K>(g.m, g.n)) g = transposed(g);
   const int team = gemm_team_size(threads, g.m, g.n, g.k);
 
   gemm_plan plan{};
-  plan.nc = std::min(blk::nc, round_up(g.n, NR));
-  plan.kc = ceil_div(g.k, ceil_div(g.k, blk::kc));  // e.g. k = 400 -> 2 x 200, not 256 + 144
-  plan.mblocks = ceil_div(g.m, blk::mc);
+  plan.nc = std::min(K::nc, round_up(g.n, NR));
+  // Balanced k blocks, e.g. k = 400 -> 2 x 200 rather than 256 + 144 (fp32, kc = 256).
+  plan.kc = std::min(round_up(ceil_div(g.k, ceil_div(g.k, K::kc)), K::kstep), g.k);
+  plan.mblocks = ceil_div(g.m, K::mc);
   plan.nsplit = 1;
   if (team > 1 && plan.mblocks >= team) {
     plan.mblocks = round_up(plan.mblocks, team);  // equal row blocks, one set per thread
@@ -234,11 +263,12 @@ void gemm_blocked(gemm_problem<T, Acc> g, int threads) {
   plan.mblocks = ceil_div(g.m, plan.mc);
 
   // Workspace: the shared B block, then one A block per thread, each 64-byte aligned.
-  constexpr index_t align = 64 / sizeof(Acc);
-  const index_t b_len = round_up(plan.kc * plan.nc, align);
-  const index_t a_len = round_up(plan.kc * plan.mc, align);
-  Acc* ws = static_cast<Acc*>(gemm_workspace::this_thread().get(
-      static_cast<std::size_t>(b_len + a_len * team) * sizeof(Acc)));
+  constexpr index_t align = 64 / sizeof(P);
+  const index_t kw = K::packed_k(plan.kc);
+  const index_t b_len = round_up(kw * plan.nc, align);
+  const index_t a_len = round_up(kw * plan.mc, align);
+  const std::size_t ws_bytes = static_cast<std::size_t>(b_len + a_len * team) * sizeof(P);
+  P* ws = static_cast<P*>(gemm_workspace::this_thread().get(ws_bytes));
 
 #ifdef _OPENMP
   if (team > 1) {
@@ -246,12 +276,12 @@ void gemm_blocked(gemm_problem<T, Acc> g, int threads) {
     {
       // The team may be smaller than asked (OMP_THREAD_LIMIT, dynamic adjustment): use its size.
       const int tid = omp_get_thread_num();
-      gemm_run(g, plan, ws, ws + b_len + a_len * tid, tid, omp_get_num_threads());
+      gemm_run<K>(g, plan, ws, ws + b_len + a_len * tid, tid, omp_get_num_threads());
     }
     return;
   }
 #endif
-  gemm_run(g, plan, ws, ws + b_len, 0, 1);
+  gemm_run<K>(g, plan, ws, ws + b_len, 0, 1);
 }
 
 }  // namespace kiln::cpu::detail

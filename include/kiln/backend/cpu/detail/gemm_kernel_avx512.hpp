@@ -8,7 +8,8 @@
 // cover the FMA latency (4 cycles x 2 pipes = 8 in flight) three times over. 12 rather than 14
 // rows: a 14 x 32 tile needs all 32 registers (28 + 2 + 2 broadcasts) and wastes more padding on
 // the narrow sides of the MLP shapes (m = 64: 91% vs 89%, m = 10 transposed: 83% vs 71%).
-// Partial tiles: AVX-512 masks on the C loads and stores, never past the matrix.
+// Partial tiles: AVX-512 masks on the C loads and stores, never past the matrix. The C update
+// (store_tile_avx512) is shared with the bf16 kernel (gemm_kernel_bf16.hpp).
 #pragma once
 
 #ifndef KILN_INTERNAL_INCLUDE
@@ -68,47 +69,28 @@ inline void transpose16x16(__m512 r[16]) {
   }
 }
 
-// C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C   (beta == 0: C is not read), where C(r, j) is
-// c[r * rs_c + j * cs_c] and either cs_c == 1 (row-major C) or rs_c == 1 (C seen transposed).
-// requires: ap holds kc x MR and bp kc x 32 packed floats, bp 64-byte aligned; mr <= MR,
-// nr <= 32, MR <= 16.
-template <int MR>
-inline void microkernel_avx512(index_t kc, const float* KILN_RESTRICT ap,
-                               const float* KILN_RESTRICT bp, float* KILN_RESTRICT c, index_t rs_c,
-                               index_t cs_c, float alpha, float beta, int mr, int nr) {
-  static_assert(MR >= 1 && MR <= 16, "the transposed store handles up to 16 rows");
-  constexpr int NV = 2, W = 16;
-  __m512 acc[MR][NV];
-  KILN_GEMM512_UNROLL("GCC unroll 16")
-  for (int r = 0; r < MR; ++r) {
-    acc[r][0] = _mm512_setzero_ps();
-    acc[r][1] = _mm512_setzero_ps();
-  }
-
-  // Touch the C tile early so its lines arrive while the k loop runs.
+// Touches the mr x nr (nr <= 32) tile of C at c early, so its lines arrive while the k loop runs.
+inline void prefetch_tile_avx512(const float* c, index_t rs_c, index_t cs_c, int mr, int nr) {
   if (cs_c == 1) {
     for (int r = 0; r < mr; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(c + r * rs_c), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(c + r * rs_c + W), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c + r * rs_c + 16), _MM_HINT_T0);
     }
   } else {
     for (int j = 0; j < nr; ++j)
       _mm_prefetch(reinterpret_cast<const char*>(c + j * cs_c), _MM_HINT_T0);
   }
+}
 
-  KILN_GEMM512_UNROLL("GCC unroll 4")
-  for (index_t p = 0; p < kc; ++p) {
-    const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + W);
-    KILN_GEMM512_UNROLL("GCC unroll 16")
-    for (int r = 0; r < MR; ++r) {
-      const __m512 ai = _mm512_set1_ps(ap[r]);
-      acc[r][0] = _mm512_fmadd_ps(ai, b0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(ai, b1, acc[r][1]);
-    }
-    ap += MR;
-    bp += NV * W;
-  }
-
+// C[0:mr, 0:nr] = alpha * acc + beta * C   (beta == 0: C is not read) for a register tile of MR
+// rows x 32 floats, C(r, j) at c[r * rs_c + j * cs_c] with cs_c == 1 (row-major C) or rs_c == 1
+// (C seen transposed). Shared by the fp32 and bf16 microkernels, which differ only in the k loop.
+// requires: mr <= MR <= 16, nr <= 32.
+template <int MR>
+inline void store_tile_avx512(const __m512 (&acc)[MR][2], float* KILN_RESTRICT c, index_t rs_c,
+                              index_t cs_c, float alpha, float beta, int mr, int nr) {
+  static_assert(MR >= 1 && MR <= 16, "the transposed store handles up to 16 rows");
+  constexpr int NV = 2, W = 16;
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   if (cs_c == 1) {
     const __mmask16 m0 = avx512_mask(nr), m1 = avx512_mask(nr - W);
@@ -140,9 +122,14 @@ inline void microkernel_avx512(index_t kc, const float* KILN_RESTRICT ap,
   // C seen transposed (narrow C computed as C^T, see gemm_driver.hpp): tile element (r, j) goes
   // to c[j * cs_c + r]. Transposing 16 x 16 blocks in registers turns each column j of the tile
   // into one masked store of mr floats.
+  // Fully unrolled, like the row-major loop above: an acc index that is not a compile-time
+  // constant would keep the whole tile in memory rather than in registers, for every tile (two
+  // dozen spills and reloads, which cost ~20% at k = 10).
   const __mmask16 rows = avx512_mask(mr);
+  KILN_GEMM512_UNROLL("GCC unroll 2")
   for (int v = 0; v < NV; ++v) {
     __m512 t[16];
+    KILN_GEMM512_UNROLL("GCC unroll 16")
     for (int r = 0; r < 16; ++r)
       t[r] = r < MR ? _mm512_mul_ps(va, acc[r < MR ? r : 0][v]) : _mm512_setzero_ps();
     transpose16x16(t);
@@ -153,6 +140,41 @@ inline void microkernel_avx512(index_t kc, const float* KILN_RESTRICT ap,
       _mm512_mask_storeu_ps(p, rows, y);
     }
   }
+}
+
+// C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C   (beta == 0: C is not read), where C(r, j) is
+// c[r * rs_c + j * cs_c] and either cs_c == 1 (row-major C) or rs_c == 1 (C seen transposed).
+// requires: ap holds kc x MR and bp kc x 32 packed floats, bp 64-byte aligned; mr <= MR,
+// nr <= 32, MR <= 16.
+template <int MR>
+inline void microkernel_avx512(index_t kc, const float* KILN_RESTRICT ap,
+                               const float* KILN_RESTRICT bp, float* KILN_RESTRICT c, index_t rs_c,
+                               index_t cs_c, float alpha, float beta, int mr, int nr) {
+  static_assert(MR >= 1 && MR <= 16, "the transposed store handles up to 16 rows");
+  constexpr int NV = 2, W = 16;
+  __m512 acc[MR][NV];
+  KILN_GEMM512_UNROLL("GCC unroll 16")
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = _mm512_setzero_ps();
+    acc[r][1] = _mm512_setzero_ps();
+  }
+
+  prefetch_tile_avx512(c, rs_c, cs_c, mr, nr);
+
+  KILN_GEMM512_UNROLL("GCC unroll 4")
+  for (index_t p = 0; p < kc; ++p) {
+    const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + W);
+    KILN_GEMM512_UNROLL("GCC unroll 16")
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ai = _mm512_set1_ps(ap[r]);
+      acc[r][0] = _mm512_fmadd_ps(ai, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(ai, b1, acc[r][1]);
+    }
+    ap += MR;
+    bp += NV * W;
+  }
+
+  store_tile_avx512<MR>(acc, c, rs_c, cs_c, alpha, beta, mr, nr);
 }
 
 }  // namespace kiln::cpu::detail

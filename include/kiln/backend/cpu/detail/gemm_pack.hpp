@@ -1,5 +1,6 @@
 // kiln/backend/cpu/detail/gemm_pack.hpp — copies blocks of op(A) and op(B) into the micro-panel
-// layout the microkernel reads (gemm_kernel.hpp), converting f16/bf16 to float on the way.
+// layout the microkernel reads (gemm_kernel.hpp), converting f16/bf16 to float on the way (the
+// exact emulation; the vdpbf16ps kernel keeps bf16 and packs with gemm_pack_bf16.hpp).
 //
 // Both operands are packed by the same routine: a block of `rows` x kc values whose element
 // (r, p) sits at src[r * rs + p * cs] becomes panels of R rows, panel-major, each panel k-major
