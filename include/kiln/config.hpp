@@ -13,6 +13,13 @@
 #define KILN_DEVICE __device__ __forceinline__
 #define KILN_GLOBAL __global__
 #define KILN_CUDA_COMPILER 1
+#elif defined(__GNUC__) || defined(__clang__)
+// Forced inline on the host too, as __forceinline__ on the device: a fused loop calls a chain of
+// functors and evaluators, and GCC's inlining budget for a large function (an executor's
+// elementwise holds several loops) otherwise leaves calls in the loop, which then stays scalar.
+#define KILN_HOST_DEVICE inline __attribute__((always_inline))
+#define KILN_DEVICE inline
+#define KILN_CUDA_COMPILER 0
 #else
 #define KILN_HOST_DEVICE inline
 #define KILN_DEVICE inline

@@ -32,16 +32,19 @@ struct Square {
 };
 struct Exp {
   static constexpr const char* name = "exp";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::exp(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const { return math::exp(x); }
 };
 struct Log {
   static constexpr const char* name = "log";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::log(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const { return T(1) / x; }
 };
 struct Log1p {
   static constexpr const char* name = "log1p";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::log1p(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const { return T(1) / (T(1) + x); }
 };
@@ -62,16 +65,19 @@ struct Reciprocal {
 };
 struct Sin {
   static constexpr const char* name = "sin";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::sin(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const { return math::cos(x); }
 };
 struct Cos {
   static constexpr const char* name = "cos";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::cos(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const { return -math::sin(x); }
 };
 struct Tanh {
   static constexpr const char* name = "tanh";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::tanh(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const {
     const T t = math::tanh(x);
@@ -80,6 +86,7 @@ struct Tanh {
 };
 struct Sigmoid {
   static constexpr const char* name = "sigmoid";
+  static constexpr bool costly = true;
   // Written so exp never overflows: for x < 0 use e^x / (1 + e^x).
   template <class T> KILN_HOST_DEVICE T operator()(T x) const {
     const T e = math::exp(-math::abs(x));
@@ -101,6 +108,7 @@ struct Relu {
 // (gelu(−6) = −5.9e-9, where 1 + erf(−6/√2) would cancel to 0).
 struct GeluErf {
   static constexpr const char* name = "gelu";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::gelu_erf(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const {
     const T pdf = math::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
@@ -111,6 +119,7 @@ struct GeluErf {
 // x·σ(2u), the same function without the cancellation of 1 + tanh u for x << 0.
 struct GeluTanh {
   static constexpr const char* name = "gelu_tanh";
+  static constexpr bool costly = true;
   template <class T> static KILN_HOST_DEVICE T inner(T x) {
     return T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
   }
@@ -123,6 +132,7 @@ struct GeluTanh {
 };
 struct Silu {
   static constexpr const char* name = "silu";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::silu(x); }
   template <class T> KILN_HOST_DEVICE T d(T x) const {
     const T s = Sigmoid{}(x);
@@ -132,6 +142,7 @@ struct Silu {
 // softplus with PyTorch's defaults (beta 1, threshold 20: linear above it).
 struct Softplus {
   static constexpr const char* name = "softplus";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const {
     return math::select(x > T(20), x, math::log1p(math::exp(x)));
   }
@@ -140,6 +151,7 @@ struct Softplus {
 // Functors with a parameter carry it as a member (kernels receive it by value).
 struct PowScalar {
   static constexpr const char* name = "pow";
+  static constexpr bool costly = true;
   double p;
   template <class T> KILN_HOST_DEVICE T operator()(T x) const { return math::pow(x, T(p)); }
   template <class T> KILN_HOST_DEVICE T d(T x) const { return T(p) * math::pow(x, T(p) - T(1)); }
@@ -190,6 +202,7 @@ struct Div {
 };
 struct Pow {
   static constexpr const char* name = "pow";
+  static constexpr bool costly = true;
   template <class T> KILN_HOST_DEVICE T operator()(T a, T b) const { return math::pow(a, b); }
   template <class T> KILN_HOST_DEVICE T d0(T a, T b) const { return b * math::pow(a, b - T(1)); }
   // d/db a^b = a^b ln a; PyTorch defines it as 0 where a == 0 and b >= 0.
@@ -244,6 +257,12 @@ struct MulAdd {
   template <class T> KILN_HOST_DEVICE T d1(T a, T, T) const { return a; }
   template <class T> KILN_HOST_DEVICE T d2(T, T, T) const { return T(1); }
 };
+
+// Functors marked `costly` (transcendentals: dozens of instructions each) change how the CPU
+// evaluates a fused chain of two or more of them: tile by tile instead of element by element
+// (see CpuExecutor::elementwise).
+template <class F>
+inline constexpr bool costly_v = requires { requires F::costly; };
 
 // What an activation (a layer of kiln::nn::Activation<F>, or a Linear's fused epilogue) needs of
 // its functor: a name for launch reports, the value and its derivative for float and double,

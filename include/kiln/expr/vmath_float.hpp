@@ -19,40 +19,48 @@
 #include <bit>
 #include <cstdint>
 
+// Forced inline: a fused chain of several of these outgrows GCC's inlining budget, and one
+// call left in the loop keeps it scalar (measured: 25x slower than the eager ops).
+#if defined(__GNUC__) || defined(__clang__)
+#define KILN_VMATH inline __attribute__((always_inline))
+#else
+#define KILN_VMATH inline
+#endif
+
 namespace kiln::vmath {
 
-inline float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
-inline std::uint32_t to_bits(float x) { return std::bit_cast<std::uint32_t>(x); }
-inline double from_bits64(std::uint64_t u) { return std::bit_cast<double>(u); }
-inline std::uint64_t to_bits64(double x) { return std::bit_cast<std::uint64_t>(x); }
-inline bool is_nan(float x) { return x != x; }
+KILN_VMATH float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
+KILN_VMATH std::uint32_t to_bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+KILN_VMATH double from_bits64(std::uint64_t u) { return std::bit_cast<double>(u); }
+KILN_VMATH std::uint64_t to_bits64(double x) { return std::bit_cast<std::uint64_t>(x); }
+KILN_VMATH bool is_nan(float x) { return x != x; }
 // x with its sign bit replaced by s's (branch-free copysign that keeps NaN payloads).
-inline float with_sign_of(float x, float s) {
+KILN_VMATH float with_sign_of(float x, float s) {
   return from_bits((to_bits(x) & 0x7fffffffu) | (to_bits(s) & 0x80000000u));
 }
 // c ? a : b as a bit blend (both a and b are computed; no branch for the compiler to keep).
-inline float select(bool c, float a, float b) {
+KILN_VMATH float select(bool c, float a, float b) {
   const std::uint32_t m = 0u - std::uint32_t(c);
   return from_bits((to_bits(a) & m) | (to_bits(b) & ~m));
 }
-inline double select(bool c, double a, double b) {
+KILN_VMATH double select(bool c, double a, double b) {
   const std::uint64_t m = 0ull - std::uint64_t(c);
   return from_bits64((to_bits64(a) & m) | (to_bits64(b) & ~m));
 }
-inline float abs(float x) { return from_bits(to_bits(x) & 0x7fffffffu); }
+KILN_VMATH float abs(float x) { return from_bits(to_bits(x) & 0x7fffffffu); }
 
 // c_n·x^n + … + c_1·x + c_0 by Horner's rule, coefficients highest first; a fold, so it
 // unrolls completely (a loop inside the vectorised loop would keep it scalar).
 // a·b + c, fused where the target has FMA instructions (a libm call where it has none would keep
 // the loop scalar, so then it is a multiply and an add).
-inline float mul_add(float a, float b, float c) {
+KILN_VMATH float mul_add(float a, float b, float c) {
 #if defined(__FP_FAST_FMAF)
   return __builtin_fmaf(a, b, c);
 #else
   return a * b + c;
 #endif
 }
-inline double mul_add(double a, double b, double c) {
+KILN_VMATH double mul_add(double a, double b, double c) {
 #if defined(__FP_FAST_FMA)
   return __builtin_fma(a, b, c);
 #else
@@ -63,19 +71,19 @@ inline double mul_add(double a, double b, double c) {
 // c_n·x^n + … + c_1·x + c_0 by Horner's rule, coefficients highest first; a fold, so it
 // unrolls completely (a loop inside the vectorised loop would keep it scalar).
 template <class T, class... C>
-inline T horner(T x, T c_n, C... rest) {
+KILN_VMATH T horner(T x, T c_n, C... rest) {
   T p = c_n;
   ((p = mul_add(p, x, T(rest))), ...);
   return p;
 }
 
 // 2^n for an integer n in [-126, 127], built from bits.
-inline float pow2i(std::int32_t n) { return from_bits(std::uint32_t(n + 127) << 23); }
+KILN_VMATH float pow2i(std::int32_t n) { return from_bits(std::uint32_t(n + 127) << 23); }
 
 // e^x: n = round(x / ln 2), r = x − n·ln 2 in two parts (Cody–Waite: n·C1 is exact), e^r by a
 // degree-7 polynomial on |r| <= ln2 / 2, then 2^n applied in two halves so that results in the
 // denormal range round once and overflow gives inf.
-inline float exp(float x) {
+KILN_VMATH float exp(float x) {
   // NaN passes through both compares; clamping keeps n within the two-halves scale's range.
   const float xc = select(x < -104.f, -104.f, select(x > 89.f, 89.f, x));
   constexpr float round_magic = 12582912.f;  // 1.5·2^23: adding it rounds to an integer
@@ -96,7 +104,7 @@ inline float exp(float x) {
 
 // ln x: x = m·2^e with m in [√½, √2), ln m = f − f²/2 + f³·P(f) for f = m − 1 (exact), plus e·ln 2
 // in two parts. Denormal inputs are scaled by 2^23 first.
-inline float log(float x) {
+KILN_VMATH float log(float x) {
   const bool tiny = x < 1.17549435e-38f;  // below FLT_MIN (also 0 and negatives, fixed below)
   const float scaled = x * 8388608.f;
   const float xs = select(tiny, scaled, x);
@@ -122,7 +130,7 @@ inline float log(float x) {
 
 // ln(1 + x) with full relative accuracy near 0: u = 1 + x rounded, then ln u plus the first-order
 // correction c/u for the rounding error c = x − (u − 1) (exact, by Sterbenz).
-inline float log1p(float x) {
+KILN_VMATH float log1p(float x) {
   const float u = 1.f + x;
   const float c = x - (u - 1.f);
   const float r = log(u) + c / u;
@@ -132,7 +140,7 @@ inline float log1p(float x) {
 
 // tanh x, odd: for |x| < 0.625 a polynomial in x², above it 1 − 2 / (e^{2|x|} + 1) (e^{2|x|}
 // overflowing to inf gives exactly 1). The sign is copied last, so tanh(−0) = −0.
-inline float tanh(float x) {
+KILN_VMATH float tanh(float x) {
   const float a = abs(x);
   const float s = a * a;
   const float p = horner(s, -5.70498872745e-3f, 2.06390887954e-2f, -5.37397155531e-2f, 1.33314422036e-1f,

@@ -17,12 +17,12 @@
 namespace kiln::vmath {
 namespace detail {
 
-inline double pow2i(std::int64_t n) { return from_bits64(std::uint64_t(n + 1023) << 52); }
+KILN_VMATH double pow2i(std::int64_t n) { return from_bits64(std::uint64_t(n + 1023) << 52); }
 constexpr double round_magic64 = 6755399441055744.0;  // 1.5·2^52: adding it rounds to an integer
 
 // e^x for x in [-745, 709] to about 1e-15 (callers clamp): Cody–Waite reduction, degree-11
 // Taylor polynomial on |r| <= ln2 / 2, 2^n built from bits.
-inline double exp(double x) {
+KILN_VMATH double exp(double x) {
   const double t = x * 1.4426950408889634 + round_magic64;
   const double n = t - round_magic64;
   double r = mul_add(n, -6.93147180369123816490e-01, x);
@@ -35,7 +35,7 @@ inline double exp(double x) {
 }
 
 // 2^x for x in [-200, 200] (callers clamp), to about 1e-15.
-inline double exp2(double x) {
+KILN_VMATH double exp2(double x) {
   const double t = x + round_magic64;
   const double n = t - round_magic64;
   const double r = (x - n) * 0.69314718055994530942;  // |r| <= ln2 / 2
@@ -46,7 +46,7 @@ inline double exp2(double x) {
 
 // log2 x for a positive normal double to about 1e-15 relative: x = m·2^e with m in [√½, √2),
 // ln m = 2·atanh(s) for s = (m − 1)/(m + 1), |s| <= 0.172, summed to s^17.
-inline double log2(double x) {
+KILN_VMATH double log2(double x) {
   const std::uint64_t bits = to_bits64(x);
   double e = double(std::int64_t(bits >> 52) - 1023);
   double m = from_bits64((bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);  // [1, 2)
@@ -60,7 +60,7 @@ inline double log2(double x) {
 
 // erf x for |x| <= 1 by its Taylor series 2/√π · Σ (−1)^k x^(2k+1) / (k!·(2k+1)), k <= 13
 // (the first term left out is below 1e-12 at |x| = 1).
-inline double erf_small(double x) {
+KILN_VMATH double erf_small(double x) {
   constexpr int terms = 14;
   constexpr auto coef = [] {
     struct { double c[terms]; } out{};
@@ -78,7 +78,7 @@ inline double erf_small(double x) {
 
 // erfc t for t >= 0 (infinity included) with relative error below 1.2e-7: the Chebyshev fit of
 // Numerical Recipes (erfcc, §6.2), t·exp(−z² + P(t)) with t = 1 / (1 + z/2), evaluated in double.
-inline double erfc_nonneg(double z) {
+KILN_VMATH double erfc_nonneg(double z) {
   const double zc = select(z > 30.0, 30.0, z);  // erfc(30) is far below the smallest float
   const double t = 1.0 / (1.0 + 0.5 * zc);
   const double p = horner(t, 0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
@@ -87,14 +87,14 @@ inline double erfc_nonneg(double z) {
 }
 
 // erf for any double x (NaN propagates through erf_small).
-inline double erf(double x) {
+KILN_VMATH double erf(double x) {
   const double a = __builtin_fabs(x);
   const double small = erf_small(a), big = 1.0 - erfc_nonneg(a);
   const double r = select((a <= 1.0) | (a != a), small, big);
   return __builtin_copysign(r, x);  // odd, and erf(−0) = −0
 }
 // erfc for any double x: 2 − erfc(|x|) below zero, so no result cancels.
-inline double erfc(double x) {
+KILN_VMATH double erfc(double x) {
   const double a = __builtin_fabs(x);
   const double small = 1.0 - erf_small(x), tail = erfc_nonneg(a), reflected = 2.0 - tail;
   const double r = select(a <= 1.0, small, select(x < 0, reflected, tail));
@@ -103,20 +103,20 @@ inline double erfc(double x) {
 
 }  // namespace detail
 
-inline float erf(float x) { return float(detail::erf(double(x))); }
-inline float erfc(float x) { return float(detail::erfc(double(x))); }
+KILN_VMATH float erf(float x) { return float(detail::erf(double(x))); }
+KILN_VMATH float erfc(float x) { return float(detail::erfc(double(x))); }
 // Φ(x) = ½·erfc(−x/√2), the standard normal CDF; accurate in its lower tail (gelu(−6)).
-inline float norm_cdf(float x) { return float(0.5 * detail::erfc(double(x) * -0.70710678118654752440)); }
+KILN_VMATH float norm_cdf(float x) { return float(0.5 * detail::erfc(double(x) * -0.70710678118654752440)); }
 
 // GELU in both forms, computed in double: x·Φ(x), and x·σ(2u) for the tanh form's
 // u = √(2/π)·(x + 0.044715·x³) — in float, the rounding of u alone costs up to 130 ULP where
 // σ(2u) is tiny (x near −10), and x·Φ(x) loses bits where Φ(x) is denormal.
-inline float gelu_erf(float x) {
+KILN_VMATH float gelu_erf(float x) {
   const double xd = x;
   const float r = float(xd * 0.5 * detail::erfc(xd * -0.70710678118654752440));
   return select(x == -__builtin_huge_valf(), -0.f, r);  // the limit, not −inf·0
 }
-inline float gelu_tanh(float x) {
+KILN_VMATH float gelu_tanh(float x) {
   const double xd = x;
   const double u2 = 1.5957691216057307118 * (xd + 0.044715 * xd * xd * xd);  // 2u
   const double uc = select(u2 < -745.0, -745.0, select(u2 > 709.0, 709.0, u2));
@@ -128,7 +128,7 @@ inline float gelu_tanh(float x) {
 
 // x·σ(x), in double: where σ(x) is a float denormal (x < −87) the product is still a normal
 // float, and a float σ would have lost its bits. −0 where the result underflows and at −inf.
-inline float silu(float x) {
+KILN_VMATH float silu(float x) {
   const double xd = x;
   const double a = __builtin_fabs(xd);
   const double e = detail::exp(-select(a > 745.0, 745.0, a));
@@ -140,7 +140,7 @@ inline float silu(float x) {
 // a^b with IEEE 754 pow's special cases (pow(x, ±0) = 1 and pow(1, y) = 1 even for NaN; a
 // negative base gives NaN for a non-integer exponent and the sign of an odd integer one; ±0 and
 // ±inf bases give 0 or inf by the exponent's sign).
-inline float pow(float a, float b) {
+KILN_VMATH float pow(float a, float b) {
   const float ab = abs(a);
   const double l = detail::log2(double(ab));
   const double y = double(b) * l;

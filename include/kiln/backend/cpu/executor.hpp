@@ -92,7 +92,19 @@ class CpuExecutor {
     if (ev.flat_ok() && dst.is_contiguous()) {
       parallel_for(n, grain, [&](index_t b, index_t e) {
         const Ev local = ev;  // a private copy keeps its pointers in registers
-        for (index_t i = b; i < e; ++i) out[i] = convert<T>(local.flat(i));
+        index_t i = b;
+        if constexpr (Ev::costly_ops >= 2) {  // a chain of transcendentals: tile by tile
+          for (; i + flat_tile <= e; i += flat_tile) {
+            if constexpr (std::is_same_v<T, typename Ev::value_type>) {
+              local.template flat_tile<flat_tile>(i, out + i);  // in place is fine: index j reads only j
+            } else {
+              typename Ev::value_type tile[flat_tile];
+              local.template flat_tile<flat_tile>(i, tile);
+              for (int j = 0; j < flat_tile; ++j) out[i + j] = convert<T>(tile[j]);
+            }
+          }
+        }
+        for (; i < e; ++i) out[i] = convert<T>(local.flat(i));
       });
       return;
     }
@@ -289,6 +301,11 @@ class CpuExecutor {
 
   // Elements per block of a whole-tensor reduction: fixed, so results are reproducible.
   static constexpr index_t reduce_block = index_t(1) << 14;
+
+  // Elements per tile when a fused chain holds two or more costly functors (Evaluator's
+  // flat_tile): each node's loop over a tile is one short vector loop, and the tiles of a chain
+  // stay in L1.
+  static constexpr int flat_tile = 256;
 
   // Elements per thread below which forking threads costs more than it saves.
   static constexpr index_t grain = index_t(1) << 15;
