@@ -10,11 +10,21 @@
 // A second chain of transcendental ops (exp, tanh, sigmoid) is compute-bound: it reports the
 // fused/eager ratio only.
 //
+// Its peers, run first (before anything of kiln's is timed, so they never share the cores):
+// PyTorch eager and torch.compile of the same chain on the same N, reps and thread count
+// (bench/torch_fusion.py through popen); their line is copied to stdout and followed by
+// "fusion_transcendental_peers": kiln_fused_s, torch_eager_s, torch_compiled_s and the ratios
+// torch_*_over_kiln_fused (> 1: kiln faster; null where a peer gave no time). A peer that
+// cannot run prints its "skipped" reason instead.
+//
 // Output: one JSON line per measurement. Flags: --n N (default 2^24), --reps R (default 11,
-// at least 3), --threads T (default 0: all OpenMP threads).
+// at least 3), --threads T (default 0: all OpenMP threads), --python PY (the peers'
+// interpreter: default .venv-bench/bin/python in the source tree when it exists, else
+// /usr/bin/python3; "none" runs no peer).
 #include <kiln.hpp>
 
 #include "chains.hpp"
+#include "mlp_step.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +49,7 @@ struct Options {
   index_t n = index_t(1) << 24;
   int reps = 11;
   int threads = 0;
+  std::string python = kiln_bench::default_python();
 };
 
 Options parse(int argc, char** argv) {
@@ -55,8 +66,9 @@ Options parse(int argc, char** argv) {
     if (a == "--n") o.n = std::atoll(value());
     else if (a == "--reps") o.reps = std::atoi(value());
     else if (a == "--threads") o.threads = std::atoi(value());
+    else if (a == "--python") o.python = value();
     else {
-      std::fprintf(stderr, "usage: fusion [--n N] [--reps R] [--threads T]\n");
+      std::fprintf(stderr, "usage: fusion [--n N] [--reps R] [--threads T] [--python PY|none]\n");
       std::exit(2);
     }
   }
@@ -154,6 +166,14 @@ void run_all_cheap(kiln::CpuExecutor& exec, const Options& o, const Vec& x, Vec&
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   kiln::CpuExecutor exec(o.threads);
+  std::vector<std::string> peer;
+  if (o.python != "none") {
+    peer = kiln_bench::peer_lines(o.python, "torch_fusion.py",
+                                  "--n " + std::to_string(o.n) + " --threads " + std::to_string(exec.threads()) +
+                                      " --reps " + std::to_string(o.reps));
+    if (peer.empty())
+      peer.push_back("{\"bench\":\"fusion_transcendental_torch\",\"skipped\":\"" + o.python + " printed nothing\"}");
+  }
   Vec x(o.n), yf(o.n), ye(o.n);
   // Touch every page before timing anything (first-touch faults are not bandwidth), in
   // parallel like the kernels so pages land near the threads that use them.
@@ -180,5 +200,23 @@ int main(int argc, char** argv) {
       "{\"bench\":\"fusion_transcendental\",\"backend\":\"cpu\",\"threads\":%d,\"k\":3,\"n\":%lld,"
       "\"fused_s\":%.6g,\"eager_s\":%.6g,\"fused_over_eager\":%.4g}\n",
       exec.threads(), static_cast<long long>(o.n), t.fused_s, t.eager_s, t.eager_s / t.fused_s);
+
+  // The peers' times against kiln's fused chain; "null" where a peer gave none.
+  std::string eager_s = "null", compiled_s = "null";
+  for (const auto& l : peer) {
+    std::printf("%s\n", l.c_str());
+    if (const auto v = kiln_bench::json_field(l, "torch_eager_s"); !v.empty()) eager_s = v;
+    if (const auto v = kiln_bench::json_field(l, "torch_compiled_s"); !v.empty()) compiled_s = v;
+  }
+  auto ratio = [&](const std::string& s) {
+    return s == "null" ? std::string("null") : std::to_string(std::atof(s.c_str()) / t.fused_s);
+  };
+  if (o.python != "none")
+    std::printf(
+        "{\"bench\":\"fusion_transcendental_peers\",\"backend\":\"cpu\",\"threads\":%d,\"n\":%lld,"
+        "\"kiln_fused_s\":%.6g,\"torch_eager_s\":%s,\"torch_compiled_s\":%s,\"torch_eager_over_kiln_fused\":%s,"
+        "\"torch_compiled_over_kiln_fused\":%s}\n",
+        exec.threads(), static_cast<long long>(o.n), t.fused_s, eager_s.c_str(), compiled_s.c_str(),
+        ratio(eager_s).c_str(), ratio(compiled_s).c_str());
   return 0;
 }

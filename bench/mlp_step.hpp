@@ -1,16 +1,18 @@
 // bench/mlp_step.hpp — what bench/train_step (CPU) and bench/train_step_cuda share: the model
-// (MLP 400-256-128-10, ReLU), the median (timing.hpp), and the PyTorch side of the comparison
-// (bench/torch_train_step.py, run through popen; its JSON lines are read back as
-// batch -> torch_ms). Plain host C++: nvcc compiles it too.
+// (MLP 400-256-128-10, ReLU), the median (timing.hpp), and running the peers (PyTorch, JAX:
+// Python scripts under bench/ run through popen, whose JSON lines are read back; bench/fusion
+// uses that part too). Plain host C++: nvcc compiles it too.
 #pragma once
 
-#include <stdio.h>  // popen, pclose (POSIX)
+#include <stdio.h>   // popen, pclose (POSIX)
+#include <unistd.h>  // access
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/nn/activation.hpp"
@@ -27,25 +29,52 @@ namespace kiln_bench {
 using Mlp = kiln::nn::Sequential<kiln::nn::Linear<400, 256>, kiln::nn::ReLU, kiln::nn::Linear<256, 128>,
                                  kiln::nn::ReLU, kiln::nn::Linear<128, 10>>;
 
-// Runs `python bench/torch_train_step.py <args>` and returns batch -> torch_ms from its JSON
-// lines; empty when the script cannot run or skips (torch, or torch's CUDA, not importable).
-inline std::map<long, double> torch_train_steps(const std::string& python, const std::string& args) {
-  std::map<long, double> out;
-  const std::string cmd =
-      python + " " + std::string(KILN_SOURCE_DIR) + "/bench/torch_train_step.py " + args + " 2>/dev/null";
+// ---- peers: Python scripts run through popen, one JSON line per measurement on stdout ---------
+
+// The interpreter for the peer scripts: the venv that scripts/bench.sh --with-peers makes
+// (CPU torch, jax), when it exists; else Debian's python3 (its torch 1.13, no jax).
+inline std::string default_python() {
+  const std::string venv = std::string(KILN_SOURCE_DIR) + "/.venv-bench/bin/python";
+  return access(venv.c_str(), X_OK) == 0 ? venv : "/usr/bin/python3";
+}
+
+// Runs `python <source>/bench/<script> <args>` and returns its stdout lines without the newline;
+// its stderr goes to ours. Empty when it cannot start.
+inline std::vector<std::string> peer_lines(const std::string& python, const std::string& script,
+                                           const std::string& args) {
+  std::vector<std::string> out;
+  const std::string cmd = "'" + python + "' '" + std::string(KILN_SOURCE_DIR) + "/bench/" + script + "' " + args;
+  std::fflush(stdout);  // what we printed so far comes before anything the child writes
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return out;
-  char line[1024];
-  while (std::fgets(line, sizeof line, p)) {
-    long batch = 0;
-    double ms = 0;
-    const char* b = std::strstr(line, "\"batch\":");
-    const char* t = std::strstr(line, "\"torch_ms\":");
-    if (b && t && std::sscanf(b, "\"batch\": %ld", &batch) == 1 && std::sscanf(t, "\"torch_ms\": %lf", &ms) == 1)
-      out[batch] = ms;
+  std::string cur;
+  char buf[1024];
+  while (std::fgets(buf, sizeof buf, p)) {
+    cur += buf;
+    if (cur.back() != '\n') continue;  // a line longer than buf: keep reading it
+    cur.pop_back();
+    out.push_back(std::move(cur));
+    cur.clear();
   }
+  if (!cur.empty()) out.push_back(cur);
   pclose(p);
   return out;
+}
+
+// The value of "key" in a flat one-line JSON object (as json.dumps writes it): a string's
+// characters without the quotes (escapes left as they are), or a number/true/false/null as
+// written; "" when the key is absent.
+inline std::string json_field(const std::string& line, const std::string& key) {
+  std::size_t i = line.find("\"" + key + "\"");
+  if (i == std::string::npos) return "";
+  i = line.find_first_not_of(" :", i + key.size() + 2);
+  if (i == std::string::npos) return "";
+  if (line[i] == '"') {
+    std::size_t j = i + 1;
+    while (j < line.size() && line[j] != '"') j += line[j] == '\\' ? 2 : 1;
+    return line.substr(i + 1, j - i - 1);
+  }
+  return line.substr(i, line.find_first_of(",}", i) - i);
 }
 
 }  // namespace kiln_bench

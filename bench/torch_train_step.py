@@ -1,7 +1,31 @@
 #!/usr/bin/env python3
-"""PyTorch eager training step for MLP 400-256-128-10 (ReLU): forward, cross-entropy,
-backward, AdamW step, zero_grad(set_to_none=True). Random inputs; warmup, then the median
-over many steps. One JSON line per batch size. Run: /usr/bin/python3 bench/torch_train_step.py
+"""PyTorch training step for MLP 400-256-128-10 (ReLU): forward, cross-entropy, backward, AdamW
+(lr 1e-3) step, zero_grad(set_to_none=True). Random inputs; warmup, then the median over many
+steps. One JSON line per variant and batch size. Run: .venv-bench/bin/python bench/torch_train_step.py
+
+Variants (--variants, default eager,eager_fused,compiled on the CPU and eager on CUDA):
+  eager        AdamW with torch's default implementation (on CPU tensors that is the per-tensor
+               loop; foreach is torch's default only on CUDA). The variant measured before.
+  eager_fused  AdamW(fused=True): one fused kernel over all parameters (CPU support since 2.4).
+  compiled     torch.compile, the pattern PyTorch's tutorials recommend: the forward + loss
+               function compiled (AOTAutograd compiles its backward graph too) and
+               torch.compile(opt.step) for the optimizer. Not one compiled function around the
+               whole step: loss.backward() inside it breaks the graph anyway (without compiled
+               autograd), which would give the same graphs plus the break's overhead. dynamic=False
+               and a fresh compile per batch (the shapes are static); zero_grad stays eager (it only
+               sets .grad to None). Compilation happens in the warmup steps, outside the timing.
+A variant this torch cannot run (too old, no C++ compiler for inductor) prints
+{"bench": "train_step", "backend": "torch_cpu", "peer": "torch_<variant>", "variant": ..., "skipped": "<why>"}
+once and the others go on.
+
+Threads: torch.set_num_threads (intra-op OpenMP, and MKL in pip wheels), plus
+threadpoolctl.threadpool_limits for any other BLAS/OpenMP pool it sees when threadpoolctl imports;
+otherwise each loaded OpenBLAS/MKL/BLIS library's own set-threads symbol, when it exports one
+(Debian's torch calls OpenBLAS through libblas.so.3, which torch.set_num_threads does not reach).
+Every line reports blas (torch's BLAS_INFO), backends (from torch.__config__.show()), threadpools
+(threadpoolctl's view after the limits, or the symbols set) and cpu_per_wall (process CPU seconds
+over wall seconds in the timed loop: about --threads when the threads are busy, above it when the
+limit did not hold).
 
 --device cpu (default): each step timed on its own; the median step.
 --device cuda: --reps blocks of --steps steps, each timed by CUDA events around the block with
@@ -18,6 +42,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -29,8 +54,12 @@ ap.add_argument("--warmup", type=int, default=30)
 ap.add_argument("--steps", type=int, default=300)
 ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 ap.add_argument("--reps", type=int, default=11, help="cuda: timed blocks of --steps steps")
+ap.add_argument("--variants", default=None, help="comma list of eager,eager_fused,compiled")
 args = ap.parse_args()
 backend = "torch_" + args.device
+variants = (args.variants or ("eager" if args.device == "cuda" else "eager,eager_fused,compiled")).split(",")
+# Inductor's pool of compile workers would sit beside the timed loop on a small machine.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def skip(reason):
@@ -38,7 +67,7 @@ def skip(reason):
     if args.device == "cuda" and required:
         print(f"torch_train_step.py: FAILED — KILN_REQUIRE_DEVICE is set and {reason}", file=sys.stderr, flush=True)
         raise SystemExit(2)
-    print(json.dumps({"bench": "train_step", "backend": backend, "skipped": reason}), flush=True)
+    print(json.dumps({"bench": "train_step", "backend": backend, "peer": "torch", "skipped": reason}), flush=True)
     raise SystemExit(0)
 
 
@@ -58,28 +87,88 @@ if args.device == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
-torch.set_num_threads(args.threads)
-# torch.set_num_threads does not reach OpenBLAS (Debian's torch links it via libblas.so.3).
-for so in {l.split()[-1] for l in open("/proc/self/maps") if "openblas" in l and ".so" in l}:
-    ctypes.CDLL(so).openblas_set_num_threads(args.threads)
-torch.manual_seed(0)
 
+def limit_threads(n):
+    """Limits every thread pool we can reach to n; returns what was limited, never raises."""
+    torch.set_num_threads(n)
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+        limit_threads.keep = threadpool_limits(limits=n)  # keep the object: it holds the limits
+        return ",".join(f"{p['internal_api']}({p['prefix']})={p['num_threads']}" for p in threadpool_info())
+    except Exception:  # noqa: BLE001 - no threadpoolctl, or it failed: fall back to the symbols
+        pass
+    done = []
+    libs = set()
+    try:
+        libs = {l.split()[-1] for l in open("/proc/self/maps") if re.search(r"openblas|mkl_rt|blis|libblas", l)}
+    except OSError:
+        pass
+    for so in sorted(libs):
+        for sym in ("openblas_set_num_threads", "openblas_set_num_threads64_", "scipy_openblas_set_num_threads64_",
+                    "MKL_Set_Num_Threads", "bli_thread_set_num_threads"):
+            try:
+                getattr(ctypes.CDLL(so), sym)(n)
+                done.append(f"{os.path.basename(so)}:{sym}={n}")
+                break
+            except (OSError, AttributeError):
+                continue
+    return ",".join(done) or "torch.set_num_threads only"
+
+
+def torch_backends():
+    """BLAS_INFO and a one-line summary of torch.__config__.show()."""
+    try:
+        cfg = torch.__config__.show()
+    except Exception:  # noqa: BLE001
+        return "unknown", "unknown"
+    blas = re.search(r"BLAS_INFO=(\w+)", cfg)
+    parts = []
+    for label, pat in (("MKL", r"Math Kernel Library Version ([\d.]+)"), ("oneDNN", r"MKL-DNN (v[\d.]+)"),
+                       ("OpenMP", r"OpenMP (\d+)"), ("CPU", r"CPU capability usage: (\w+)")):
+        m = re.search(pat, cfg)
+        if m:
+            parts.append(f"{label} {m.group(1)}")
+    if "USE_NNPACK=ON" in cfg:
+        parts.append("NNPACK")
+    return (blas.group(1) if blas else "unknown"), ", ".join(parts)
+
+
+threadpools = limit_threads(args.threads)
+blas, backends = torch_backends()
+torch.manual_seed(0)
 dev = torch.device(args.device)
-for batch in (int(b) for b in args.batches.split(",")):
+
+
+def make_step(variant, batch):
     model = torch.nn.Sequential(
         torch.nn.Linear(400, 256), torch.nn.ReLU(),
         torch.nn.Linear(256, 128), torch.nn.ReLU(),
         torch.nn.Linear(128, 10)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **({"fused": True} if variant == "eager_fused" else {}))
     x, y = torch.rand(batch, 400, device=dev), torch.randint(0, 10, (batch,), device=dev)
 
+    def loss_fn(x, y):
+        return F.cross_entropy(model(x), y)
+
+    opt_step = opt.step
+    if variant == "compiled":
+        if not hasattr(torch, "compile"):
+            raise RuntimeError("this torch has no torch.compile")
+        torch._dynamo.reset()  # a fresh compile per batch; the old model's graphs go
+        loss_fn = torch.compile(loss_fn, dynamic=False)
+        opt_step = torch.compile(opt.step, dynamic=False)
+
     def step():
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        loss_fn(x, y).backward()
+        opt_step()
         opt.zero_grad(set_to_none=True)
 
-    times = []  # milliseconds per step
+    return step
+
+
+def time_steps(step):
+    """Milliseconds per step (the median) and process CPU seconds over wall seconds."""
+    times = []
     if args.device == "cuda":
         for _ in range(args.warmup):
             step()
@@ -93,15 +182,32 @@ for batch in (int(b) for b in args.batches.split(",")):
             stop.synchronize()
             times.append(start.elapsed_time(stop) / args.steps)
         torch.cuda.synchronize()
-    else:
-        for i in range(args.warmup + args.steps):
-            t0 = time.perf_counter()
-            step()
-            if i >= args.warmup:
-                times.append(1e3 * (time.perf_counter() - t0))
-    line = {"bench": "train_step", "backend": backend, "batch": batch,
-            "torch_ms": round(statistics.median(times), 4), "threads": args.threads, "torch": torch.__version__}
-    if args.device == "cuda":
-        line.update(device=torch.cuda.get_device_name(), steps=args.steps, reps=args.reps, warmup=args.warmup,
-                    tf32=False, cuda=torch.version.cuda)
-    print(json.dumps(line), flush=True)
+        return statistics.median(times), None
+    for _ in range(args.warmup):
+        step()
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times), (time.process_time() - c0) / (time.perf_counter() - w0)
+
+
+for variant in variants:
+    for batch in (int(b) for b in args.batches.split(",")):
+        try:
+            ms, cpu_per_wall = time_steps(make_step(variant, batch))
+        except Exception as e:  # noqa: BLE001 - a variant this torch cannot run is skipped, not fatal
+            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            print(json.dumps({"bench": "train_step", "backend": backend, "peer": "torch_" + variant, "variant": variant,
+                              "skipped": f"{type(e).__name__}: {msg} (torch {torch.__version__})"}), flush=True)
+            break
+        line = {"bench": "train_step", "backend": backend, "peer": "torch_" + variant, "variant": variant,
+                "batch": batch, "torch_ms": round(ms, 4), "threads": args.threads, "torch": torch.__version__}
+        if args.device == "cuda":
+            line.update(device=torch.cuda.get_device_name(), steps=args.steps, reps=args.reps, warmup=args.warmup,
+                        tf32=False, cuda=torch.version.cuda)
+        else:
+            line.update(steps=args.steps, warmup=args.warmup, cpu_per_wall=round(cpu_per_wall, 2), blas=blas,
+                        backends=backends, threadpools=threadpools)
+        print(json.dumps(line), flush=True)

@@ -5,8 +5,32 @@
 # kernels_cuda) are built and run too when a GPU answers (nvidia-smi -L) and the build has CUDA
 # targets; KILN_BENCH_CUDA=1 asks for them anyway (without a device they print skip lines, or fail
 # with KILN_REQUIRE_DEVICE=1), KILN_BENCH_CUDA=0 leaves them out.
+#
+# --with-peers: first makes .venv-bench (python3 -m venv) when it is missing and installs the
+# peers into it from PyPI — torch (its Linux wheel pulls about 3 GB of CUDA libraries; pass
+# pip a CPU-only index through PIP_INDEX_URL / PIP_EXTRA_INDEX_URL where one is reachable),
+# jax[cpu], threadpoolctl and numpy — unless they all import already. train_step and fusion use .venv-bench/bin/python for their peers whenever it exists
+# (else /usr/bin/python3, whose torch 1.13 has no torch.compile and which has no jax: those peers
+# print skip lines). Without the flag nothing is installed. pip's output goes to stderr.
+#
+#   bash scripts/bench.sh [--with-peers] [OUT_FILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+with_peers=0
+if [ "${1:-}" = --with-peers ]; then
+  with_peers=1
+  shift
+fi
+if [ "$with_peers" = 1 ]; then
+  venv=.venv-bench
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >&2
+  py=$venv/bin/python
+  if ! "$py" -c 'import torch, jax, threadpoolctl, numpy' 2>/dev/null; then
+    "$py" -c 'import torch' 2>/dev/null ||
+      "$py" -m pip install torch >&2
+    "$py" -m pip install "jax[cpu]" threadpoolctl numpy >&2
+  fi
+fi
 bash scripts/build.sh bench_fusion bench_gemm bench_train_step bench_dropout bench_policies >/dev/null
 cuda_benches=()
 want_cuda=${KILN_BENCH_CUDA:-auto}
