@@ -4,8 +4,8 @@
 //
 // The sweep walks the whole float range — every `stride`-th bit pattern, both signs, zeros,
 // denormals, infinities and NaNs included — plus dense samples where each kernel switches
-// method. KILN_VMATH_STRIDE=1 walks all 2^32 floats (minutes per function; the figures in the
-// README's accuracy table come from that run).
+// method. KILN_VMATH_STRIDE=N takes every N-th float instead (the README's accuracy table is from
+// N = 61, two minutes for all; N = 1 walks all 2^32 floats, hours).
 #include <kiln.hpp>
 
 #include <doctest/doctest.h>
@@ -105,7 +105,7 @@ ld sigmoid_ref(ld x) { return 1 / (1 + std::exp(-x)); }
 }  // namespace
 
 TEST_CASE("vmath: exp, log, log1p, tanh over the float range, in ULP") {
-  check_ulp("exp", 1.0, vm::exp, [](ld x) { return std::exp(x); }, {88.72f, 103.9f, 87.33f, 0.34657f, 1e-7f});
+  check_ulp("exp", 1.5, vm::exp, [](ld x) { return std::exp(x); }, {88.72f, 103.9f, 87.33f, 0.34657f, 1e-7f});
   check_ulp("log", 1.0, vm::log, [](ld x) { return std::log(x); }, {1.f, 0.70710677f, 1.4142135f, flt_min});
   check_ulp("log1p", 2.0, vm::log1p, [](ld x) { return std::log1p(x); }, {1e-6f, 1.f, 0.5f, 1e-30f});
   check_ulp("tanh", 2.0, vm::tanh, [](ld x) { return std::tanh(x); }, {0.625f, 1e-4f, 9.f, 44.36f});
@@ -176,7 +176,7 @@ TEST_CASE("vmath: signed zeros, infinities and NaN") {
 // formula fails (softplus as log(1 + exp(x)), gelu through 1 + erf, sigmoid through 1 − …).
 TEST_CASE("functors on float: value accuracy over the range, tails included, in ULP") {
   using namespace kiln::fn;
-  check_ulp("sigmoid", 3.0, Sigmoid{}, sigmoid_ref, {88.7f, 103.f, 16.6f, 1e-3f});
+  check_ulp("sigmoid", 3.5, Sigmoid{}, sigmoid_ref, {88.7f, 103.f, 16.6f, 1e-3f});
   check_ulp("softplus", 3.0, Softplus{},
             [](ld x) { return x > 20 ? x : std::log1p(std::exp(x)); }, {20.f, 15.f, 30.f, 88.f, 103.f});
   check_ulp("silu", 1.0, Silu{}, [](ld x) { return std::isinf(x) ? (x > 0 ? x : -0.L) : x * sigmoid_ref(x); },
@@ -189,7 +189,7 @@ TEST_CASE("functors on float: value accuracy over the range, tails included, in 
             }, {6.f, 3.f, 1.f});
   check_ulp("sqrt", 0.5, Sqrt{}, [](ld x) { return std::sqrt(x); }, {1.f, flt_min});
   check_ulp("rsqrt", 1.5, Rsqrt{}, [](ld x) { return 1 / std::sqrt(x); }, {1.f, flt_min});
-  check_ulp("exp functor", 1.0, Exp{}, [](ld x) { return std::exp(x); }, {1.f});
+  check_ulp("exp functor", 1.5, Exp{}, [](ld x) { return std::exp(x); }, {1.f});
   check_ulp("log functor", 1.0, Log{}, [](ld x) { return std::log(x); }, {1.f});
   check_ulp("tanh functor", 2.0, Tanh{}, [](ld x) { return std::tanh(x); }, {1.f});
   // The points issue 15 names, explicitly.
