@@ -1,0 +1,183 @@
+// kiln/backend/cpu/batchnorm2d.hpp — BatchNorm2d on the CPU, NCHW, float or double.
+//
+//   x, y, dy, dx [N, C, H, W] dense row-major; gamma, beta, running_*, save_* [C]; hw = H*W.
+//   Statistics are per channel over the M = N*H*W values of that channel.
+//
+//   kiln::cpu::batchnorm2d_train_forward(n, c, hw, x, gamma, beta, 1e-5, 0.1,
+//                                        run_mean, run_var, y, save_mean, save_invstd);
+//   kiln::cpu::batchnorm2d_backward(n, c, hw, x, dy, gamma, save_mean, save_invstd,
+//                                   dx, dgamma, dbeta);
+//
+// PyTorch semantics: training normalises with the biased batch variance,
+//   invstd = 1 / sqrt(var_biased + eps),  y = (x - mean) * invstd * gamma + beta,
+// and updates running_mean = (1 - momentum) * running_mean + momentum * mean,
+//            running_var  = (1 - momentum) * running_var  + momentum * var_biased * M / (M - 1).
+// Training needs M > 1 (PyTorch: "Expected more than 1 value per channel when training").
+// Eval normalises with the running statistics instead.
+//
+// gamma == nullptr and beta == nullptr mean affine off (gamma 1, beta 0); running_mean and
+// running_var may both be nullptr (track_running_stats off); save_mean / save_invstd may be
+// nullptr when no backward follows. In backward, dgamma / dbeta may be nullptr.
+// Sums accumulate in double for both types (two passes: mean, then centred squares).
+// In-place use (y == x, dx == dy) is allowed: every element is read before it is written.
+// Runs on the calling thread.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "kiln/config.hpp"
+#include "kiln/core/error.hpp"
+
+namespace kiln::cpu {
+
+namespace detail {
+
+template <class T>
+inline constexpr bool batchnorm_type_ok = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+inline void batchnorm2d_check_sizes(const char* fn, index_t n, index_t c, index_t hw) {
+  KILN_CHECK(n > 0 && c > 0 && hw > 0, ShapeError, fn, ": sizes must be positive, got n=", n,
+             " c=", c, " hw=", hw);
+}
+
+inline void batchnorm2d_check_eps(const char* fn, double eps) {
+  KILN_CHECK(eps >= 0.0 && std::isfinite(eps), ValueError, fn,
+             ": eps must be finite and >= 0, got eps=", eps);
+}
+
+// Mean and biased variance of channel ch, in double.
+template <class T>
+void batchnorm2d_channel_stats(index_t n, index_t c, index_t hw, const T* x, index_t ch,
+                               double& mean, double& var) {
+  double sum = 0.0;
+  for (index_t i = 0; i < n; ++i) {
+    const T* p = x + (i * c + ch) * hw;
+    for (index_t j = 0; j < hw; ++j) sum += double(p[j]);
+  }
+  const double m = double(n * hw);
+  mean = sum / m;
+  double sq = 0.0;
+  for (index_t i = 0; i < n; ++i) {
+    const T* p = x + (i * c + ch) * hw;
+    for (index_t j = 0; j < hw; ++j) {
+      const double d = double(p[j]) - mean;
+      sq += d * d;
+    }
+  }
+  var = sq / m;
+}
+
+// y = x * scale + shift over channel ch.
+template <class T>
+void batchnorm2d_channel_affine(index_t n, index_t c, index_t hw, const T* x, index_t ch,
+                                double scale, double shift, T* y) {
+  for (index_t i = 0; i < n; ++i) {
+    const index_t off = (i * c + ch) * hw;
+    for (index_t j = 0; j < hw; ++j) y[off + j] = T(double(x[off + j]) * scale + shift);
+  }
+}
+
+}  // namespace detail
+
+// Training-mode forward. Throws ShapeError for non-positive sizes, ValueError when
+// n * hw == 1, eps < 0, or momentum outside [0, 1].
+template <class T>
+void batchnorm2d_train_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
+                               const T* beta, double eps, double momentum, T* running_mean,
+                               T* running_var, T* y, T* save_mean, T* save_invstd) {
+  static_assert(detail::batchnorm_type_ok<T>,
+                "kiln::cpu::batchnorm2d_train_forward: T must be float or double");
+  constexpr const char* fn = "kiln::cpu::batchnorm2d_train_forward";
+  detail::batchnorm2d_check_sizes(fn, n, c, hw);
+  KILN_CHECK(n * hw > 1, ValueError, fn,
+             ": expected more than 1 value per channel when training, got n=", n, " c=", c,
+             " hw=", hw, " (n*hw=", n * hw, ")");
+  detail::batchnorm2d_check_eps(fn, eps);
+  KILN_CHECK(momentum >= 0.0 && momentum <= 1.0, ValueError, fn,
+             ": momentum must be in [0, 1], got momentum=", momentum);
+  KILN_CHECK((running_mean == nullptr) == (running_var == nullptr), ValueError, fn,
+             ": running_mean and running_var must both be given or both be null");
+  const double m = double(n * hw);
+  for (index_t ch = 0; ch < c; ++ch) {
+    double mean = 0.0, var = 0.0;
+    detail::batchnorm2d_channel_stats(n, c, hw, x, ch, mean, var);
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    const double g = gamma ? double(gamma[ch]) : 1.0;
+    const double b = beta ? double(beta[ch]) : 0.0;
+    detail::batchnorm2d_channel_affine(n, c, hw, x, ch, invstd * g, b - mean * invstd * g, y);
+    if (running_mean) {
+      running_mean[ch] = T((1.0 - momentum) * double(running_mean[ch]) + momentum * mean);
+      running_var[ch] =
+          T((1.0 - momentum) * double(running_var[ch]) + momentum * var * m / (m - 1.0));
+    }
+    if (save_mean) save_mean[ch] = T(mean);
+    if (save_invstd) save_invstd[ch] = T(invstd);
+  }
+}
+
+// Eval-mode forward: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta.
+template <class T>
+void batchnorm2d_eval_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
+                              const T* beta, double eps, const T* running_mean,
+                              const T* running_var, T* y) {
+  static_assert(detail::batchnorm_type_ok<T>,
+                "kiln::cpu::batchnorm2d_eval_forward: T must be float or double");
+  constexpr const char* fn = "kiln::cpu::batchnorm2d_eval_forward";
+  detail::batchnorm2d_check_sizes(fn, n, c, hw);
+  detail::batchnorm2d_check_eps(fn, eps);
+  KILN_CHECK(running_mean != nullptr && running_var != nullptr, ValueError, fn,
+             ": eval mode needs running_mean and running_var");
+  for (index_t ch = 0; ch < c; ++ch) {
+    const double invstd = 1.0 / std::sqrt(double(running_var[ch]) + eps);
+    const double g = gamma ? double(gamma[ch]) : 1.0;
+    const double b = beta ? double(beta[ch]) : 0.0;
+    const double scale = invstd * g;
+    detail::batchnorm2d_channel_affine(n, c, hw, x, ch, scale,
+                                       b - double(running_mean[ch]) * scale, y);
+  }
+}
+
+// Training-mode backward (the batch statistics depend on x). With xhat = (x - mean) * invstd:
+//   dbeta = sum(dy), dgamma = sum(dy * xhat),
+//   dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma).
+// save_mean / save_invstd are the ones batchnorm2d_train_forward wrote. dx is overwritten
+// (or skipped when nullptr).
+template <class T>
+void batchnorm2d_backward(index_t n, index_t c, index_t hw, const T* x, const T* dy,
+                          const T* gamma, const T* save_mean, const T* save_invstd, T* dx,
+                          T* dgamma, T* dbeta) {
+  static_assert(detail::batchnorm_type_ok<T>,
+                "kiln::cpu::batchnorm2d_backward: T must be float or double");
+  constexpr const char* fn = "kiln::cpu::batchnorm2d_backward";
+  detail::batchnorm2d_check_sizes(fn, n, c, hw);
+  KILN_CHECK(save_mean != nullptr && save_invstd != nullptr, ValueError, fn,
+             ": needs save_mean and save_invstd from batchnorm2d_train_forward");
+  const double m = double(n * hw);
+  for (index_t ch = 0; ch < c; ++ch) {
+    const double mean = double(save_mean[ch]), invstd = double(save_invstd[ch]);
+    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    for (index_t i = 0; i < n; ++i) {
+      const index_t off = (i * c + ch) * hw;
+      for (index_t j = 0; j < hw; ++j) {
+        const double d = double(dy[off + j]);
+        sum_dy += d;
+        sum_dy_xhat += d * (double(x[off + j]) - mean) * invstd;
+      }
+    }
+    if (dbeta) dbeta[ch] = T(sum_dy);
+    if (dgamma) dgamma[ch] = T(sum_dy_xhat);
+    if (!dx) continue;
+    const double g = gamma ? double(gamma[ch]) : 1.0;
+    const double k = g * invstd, mean_dy = sum_dy / m, mean_dy_xhat = sum_dy_xhat / m;
+    for (index_t i = 0; i < n; ++i) {
+      const index_t off = (i * c + ch) * hw;
+      for (index_t j = 0; j < hw; ++j) {
+        const double xhat = (double(x[off + j]) - mean) * invstd;
+        dx[off + j] = T(k * (double(dy[off + j]) - mean_dy - xhat * mean_dy_xhat));
+      }
+    }
+  }
+}
+
+}  // namespace kiln::cpu
