@@ -14,17 +14,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from golden_ops import block  # the fixture format, written one way
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "tests", "fixtures", "golden_batchnorm.txt")
 D = torch.float64
 EPS, MOMENTUM = 1e-5, 0.1
-
-
-def block(f, name, t):
-    t = torch.as_tensor(t).detach()
-    f.write(" ".join([name, str(t.dim())] + [str(d) for d in t.shape]) + "\n")
-    fmt = "%d" if not t.is_floating_point() else "%.17g"
-    f.write(" ".join(fmt % v for v in t.reshape(-1).tolist()) + "\n")
 
 
 def main():

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "data_helpers.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -14,13 +16,11 @@
 #include <string>
 #include <vector>
 
-#if KILN_HAVE_ZLIB
-#include <zlib.h>
-#endif
 
 namespace fs = std::filesystem;
 using kiln::index_t;
-using Bytes = std::vector<std::uint8_t>;
+using kiln_test::Bytes;
+using kiln_test::check_data_error;
 
 namespace {
 
@@ -44,11 +44,7 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
 
   fs::path write(const std::string& name, const Bytes& bytes) const {
-    const fs::path p = path / name;
-    std::ofstream out(p, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(bytes.data()),
-              static_cast<std::streamsize>(bytes.size()));
-    return p;
+    return kiln_test::write_bytes(path / name, bytes);
   }
 };
 
@@ -86,27 +82,6 @@ bool matches(const kiln::data::Dataset& ds, index_t i, int tag) {
   return true;
 }
 
-// Runs `f`, which must throw DataError whose message names `file` and contains each of `parts`.
-template <class F>
-void check_data_error(F f, const fs::path& file, std::initializer_list<std::string> parts) {
-  std::string message;
-  CHECK_THROWS_AS(
-      [&] {
-        try {
-          f();
-        } catch (const kiln::DataError& e) {
-          message = e.what();
-          throw;
-        }
-      }(),
-      kiln::DataError);
-  CAPTURE(message);
-  CHECK(message.find(file.string()) != std::string::npos);
-  for (const std::string& p : parts) {
-    CAPTURE(p);
-    CHECK(message.find(p) != std::string::npos);
-  }
-}
 
 }  // namespace
 
@@ -246,16 +221,7 @@ TEST_CASE("cifar10: load_cifar10 names the file at fault") {
 TEST_CASE("cifar10: a gzip-compressed file reads like the raw one") {
   TempDir dir;
   const Bytes raw = records({6, 2}, 50);
-  z_stream zs{};
-  REQUIRE(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-  Bytes packed(deflateBound(&zs, static_cast<uLong>(raw.size())) + 64);
-  zs.next_in = const_cast<Bytef*>(raw.data());
-  zs.avail_in = static_cast<uInt>(raw.size());
-  zs.next_out = packed.data();
-  zs.avail_out = static_cast<uInt>(packed.size());
-  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
-  packed.resize(zs.total_out);
-  deflateEnd(&zs);
+  const Bytes packed = kiln_test::gzip(raw);
   const auto ds = kiln::data::read_cifar10(dir.write("packed.bin.gz", packed));
   CHECK(ds.labels == std::vector<std::int32_t>{6, 2});
   CHECK(matches(ds, 0, 50));

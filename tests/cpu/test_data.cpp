@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+#include "data_helpers.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -28,7 +30,11 @@
 
 namespace fs = std::filesystem;
 using kiln::index_t;
-using Bytes = std::vector<std::uint8_t>;
+using kiln_test::Bytes;
+using kiln_test::check_data_error;
+#if KILN_HAVE_ZLIB
+using kiln_test::gzip;
+#endif
 
 namespace {
 
@@ -51,32 +57,11 @@ const fs::path& temp_dir() {
   return dir.path;
 }
 
-fs::path write_file(const std::string& name, const Bytes& bytes) {
-  const fs::path path = temp_dir() / name;
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
-  return path;
-}
+fs::path write_file(const std::string& name, const Bytes& bytes) { return kiln_test::write_bytes(temp_dir() / name, bytes); }
 fs::path write_text(const std::string& name, const std::string& text) {
   return write_file(name, Bytes(text.begin(), text.end()));
 }
 
-#if KILN_HAVE_ZLIB
-Bytes gzip(const Bytes& raw) {
-  z_stream zs{};
-  REQUIRE(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-  Bytes out(deflateBound(&zs, static_cast<uLong>(raw.size())) + 64);
-  zs.next_in = const_cast<Bytef*>(raw.data());
-  zs.avail_in = static_cast<uInt>(raw.size());
-  zs.next_out = out.data();
-  zs.avail_out = static_cast<uInt>(out.size());
-  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
-#endif
 
 void append_be32(Bytes& b, std::uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) b.push_back(static_cast<std::uint8_t>(v >> shift));
@@ -87,27 +72,6 @@ Bytes idx_header(std::uint8_t type, std::initializer_list<std::uint32_t> dims) {
   return b;
 }
 
-// Runs `f`, which must throw DataError whose message names `file` and contains each of `parts`.
-template <class F>
-void check_data_error(F f, const fs::path& file, std::initializer_list<std::string> parts) {
-  std::string message;
-  CHECK_THROWS_AS(
-      [&] {
-        try {
-          f();
-        } catch (const kiln::DataError& e) {
-          message = e.what();
-          throw;
-        }
-      }(),
-      kiln::DataError);
-  CAPTURE(message);
-  CHECK(message.find(file.string()) != std::string::npos);
-  for (const std::string& p : parts) {
-    CAPTURE(p);
-    CHECK(message.find(p) != std::string::npos);
-  }
-}
 
 void check_idx_error(const std::string& name, const Bytes& bytes,
                      std::initializer_list<std::string> parts) {
