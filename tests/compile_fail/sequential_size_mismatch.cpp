@@ -1,6 +1,6 @@
 // expect: Sequential: a layer follows a layer with a different number of outputs
 // A Linear<128, 10> after a 256-wide layer must not compile; the diagnostic names
-// layer_follows_outputs<Linear<128, 10>, 256>, so both sizes are on screen.
+// layer_accepts<Linear<128, 10>, sample<256>>, so both sizes are on screen.
 #include <kiln/nn/activation.hpp>
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/sequential.hpp>

@@ -207,6 +207,28 @@ TEST_CASE("conv2d float matches a direct double reference") {
   CHECK(count > 200);
 }
 
+TEST_CASE("conv2d in several chunks of images matches the reference, bit for bit at any thread count") {
+  // 16 x 64 x 64 columns are 2.25 MiB per image, so 9 images take two chunks (conv2d_chunk).
+  const Conv2dShape s{.n = 9, .c_in = 16, .h = 64, .w = 64, .c_out = 3, .kh = 3, .kw = 3,
+                      .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1};
+  REQUIRE(kiln::cpu::detail::conv2d_chunk<float>(s) < s.n);
+  run_case<float>(s, 11, 2);
+  std::mt19937_64 rng(5);
+  const auto x = random_vec<float>(x_size(s), rng), w = random_vec<float>(w_size(s), rng);
+  const auto dy = random_vec<float>(y_size(s), rng);
+  auto all = [&](int threads) {
+    std::vector<float> y(y_size(s)), dx(x_size(s)), dw(w_size(s)), db(std::size_t(s.c_out));
+    kiln::cpu::conv2d_forward<float>(s, x.data(), w.data(), nullptr, y.data(), threads);
+    kiln::cpu::conv2d_backward_data(s, dy.data(), w.data(), dx.data(), threads);
+    kiln::cpu::conv2d_backward_filter(s, x.data(), dy.data(), dw.data(), db.data(), threads);
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dw.begin(), dw.end());
+    y.insert(y.end(), db.begin(), db.end());
+    return y;
+  };
+  CHECK(all(1) == all(2));
+}
+
 TEST_CASE("conv2d double matches a direct double reference to 1e-12") {
   std::uint64_t seed = 5000;
   for (const auto& s : shape_grid()) run_case<double>(s, seed++, 1);

@@ -346,6 +346,8 @@ class Dropout {
  public:
   // The probability the type was declared with.
   static constexpr double declared_p = P;
+  // The output has the input's shape (nn/sample_shape.hpp).
+  static constexpr bool keeps_shape = true;
 
   explicit Dropout(std::uint64_t seed = 0) : seed_(seed) {}
   // Sequential's constructor: the seed is the generator's next 64 bits.

@@ -22,6 +22,7 @@
 #include "kiln/core/random.hpp"
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/module.hpp"
+#include "kiln/nn/sample_shape.hpp"
 
 namespace kiln::nn {
 
@@ -209,12 +210,32 @@ struct FlattenBackward {
   bool add;
   KILN_HOST_DEVICE void operator()(index_t, index_t i) const { put_grad(dx[i], g[i], add); }
 };
+// Flatten's output sample (declarations only: used in decltype).
+any_sample flattened(any_sample*);
+template <index_t... D>
+sample<sample<D...>::size> flattened(sample<D...>*);
 }  // namespace detail
 
 // Flatten: [B, d1, d2, ...] -> [B, d1 * d2 * ...] for a following Linear. A rank-2 input is
 // returned as it is (no kernel); higher ranks are copied (ONE kernel forward, ONE backward),
 // because a variable owns its storage.
 struct Flatten {
+  // [C, H, W] (any rank) -> [C*H*W]; dyn when a size is (nn/sample_shape.hpp).
+  template <class In>
+  using output_sample = decltype(detail::flattened(static_cast<In*>(nullptr)));
+
+  // A copy each way for an image (any sample of rank > 1, or one Sequential cannot see); nothing
+  // for flat rows.
+  template <class In>
+  static constexpr Launches launches_for(const LaunchContext& c) {
+    if constexpr (requires { In::rank; }) {
+      if constexpr (In::rank <= 1) return {};
+    }
+    return {1, c.input_grad ? 1 : 0};
+  }
+  static constexpr Launches launches(const LaunchContext& c) { return launches_for<any_sample>(c); }
+  static std::string describe() { return "Flatten"; }
+
   template <class Exec, class T, class S, index_t D0, index_t... Rest>
   auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, D0, Rest...>& x) const {
     if constexpr (sizeof...(Rest) <= 1) {

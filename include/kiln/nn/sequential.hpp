@@ -25,23 +25,12 @@
 #include "kiln/core/view.hpp"
 #include "kiln/expr/functors.hpp"
 #include "kiln/nn/module.hpp"
+#include "kiln/nn/sample_shape.hpp"
 #include "kiln/optim/param.hpp"
 
 namespace kiln::nn {
 
 namespace detail {
-
-// Instantiated once per layer; when the check fails the compiler names this instantiation, and
-// with it the layer type (its sizes) and the previous layer's output size.
-template <class Layer, index_t PreviousOutputs>
-struct layer_follows_outputs {
-  static_assert(PreviousOutputs == dyn || in_features_of<Layer>() == dyn ||
-                    in_features_of<Layer>() == PreviousOutputs,
-                "kiln::nn::Sequential: a layer follows a layer with a different number of outputs; its first size "
-                "must equal them (see layer_follows_outputs<Layer, PreviousOutputs>: e.g. Linear<128, 10> after a "
-                "layer with 256 outputs must be Linear<256, 10>)");
-  static constexpr bool value = true;
-};
 
 // The activation part of the layer contract (kiln/nn/activation.hpp), checked per layer so the
 // compiler names the layer: an activation says how to apply itself, and its functor, when it
@@ -186,11 +175,9 @@ class Sequential {
       if (outs_[j] != dyn) return outs_[j];
     return dyn;
   }
-  template <std::size_t... I>
-  static constexpr bool check_sizes(std::index_sequence<I...>) {
-    return (detail::layer_follows_outputs<Layers, previous_outputs(I)>::value && ... && true);
-  }
-  static_assert(check_sizes(std::index_sequence_for<Layers...>{}));
+  // Sizes between layers: the per-sample shape folded through the layers (sample_shape.hpp); a
+  // layer that does not accept what the previous one makes is a static_assert naming both.
+  static_assert(sizeof(fold_sample_t<any_sample, Layers...>*) > 0);
   static_assert((detail::activation_layer_ok<Layers>::value && ... && true));
 
   static constexpr bool fuses_next(std::size_t i) { return i + 1 < N && fusable_[i] && acts_[i + 1]; }
@@ -217,6 +204,9 @@ class Sequential {
       // next layer's input-gradient GEMM (ag::linear's fold), when there is one.
       c.folded = !base.eager && I + 2 < N && takes_fold_[I + 2 < N ? I + 2 : 0];
       return L::template launches_fused<std::tuple_element_t<I + 1, std::tuple<Layers...>>>(c);
+    } else if constexpr (requires { L::template launches_for<any_sample>(c); }) {
+      // A layer whose launches depend on its input's shape (Flatten) gets the sample it sees.
+      return L::template launches_for<typename detail::prefix_fold<I, any_sample, Layers...>::type>(c);
     } else {
       return L::launches(c);
     }
@@ -253,6 +243,9 @@ class Sequential {
     return dyn;
   }();
   static constexpr index_t out_features = previous_outputs(N);
+  // As a layer of an enclosing model (a Residual's body): what the layers make of sample In.
+  template <class In>
+  using output_sample = fold_sample_t<In, Layers...>;
 
   // Layers initialised in order from one generator (parameter layers draw, others ignore it).
   explicit Sequential(Generator& gen) : layers_{detail::make_layer<Layers>(gen)...} {}

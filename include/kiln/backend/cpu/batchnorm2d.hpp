@@ -26,6 +26,10 @@
 #include <cmath>
 #include <type_traits>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 
@@ -68,24 +72,59 @@ void batchnorm2d_channel_stats(index_t n, index_t c, index_t hw, const T* x, ind
   var = sq / m;
 }
 
-// y = x * scale + shift over channel ch.
-template <class T>
+// y = act((x - mean) * scale + shift) over channel ch, computed in T (mean, scale and shift
+// rounded once); subtracting first keeps a constant channel at exactly shift, as PyTorch.
+template <class T, class Act>
 void batchnorm2d_channel_affine(index_t n, index_t c, index_t hw, const T* x, index_t ch,
-                                double scale, double shift, T* y) {
+                                double mean, double scale, double shift, T* y, Act act) {
+  const T m = T(mean), a = T(scale), b = T(shift);
   for (index_t i = 0; i < n; ++i) {
     const index_t off = (i * c + ch) * hw;
-    for (index_t j = 0; j < hw; ++j) y[off + j] = T(double(x[off + j]) * scale + shift);
+    for (index_t j = 0; j < hw; ++j) y[off + j] = act(T((x[off + j] - m) * a + b));
   }
+}
+
+// f(ch) for every channel, split across threads (channels are independent, so the result does
+// not depend on the thread count).
+template <class F>
+void batchnorm2d_channels(index_t c, int threads, const F& f) {
+#if defined(_OPENMP)
+  if (threads > 1 && c > 1) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (index_t ch = 0; ch < c; ++ch) f(ch);
+    return;
+  }
+#endif
+  (void)threads;
+  for (index_t ch = 0; ch < c; ++ch) f(ch);
 }
 
 }  // namespace detail
 
-// Training-mode forward. Throws ShapeError for non-positive sizes, ValueError when
-// n * hw == 1, eps < 0, or momentum outside [0, 1].
-template <class T>
+// No activation after the normalisation (an activation is a kiln::fn unary functor: a value
+// and its derivative d() at the pre-activation, as kiln/nn/activation.hpp describes).
+struct NoActivation {
+  template <class V>
+  V operator()(V v) const {
+    return v;
+  }
+  template <class V>
+  V d(V) const {
+    return V(1);
+  }
+};
+
+namespace detail {
+
+}  // namespace detail
+
+// Training-mode forward, y = act(normalised x); act defaults to none. Throws ShapeError for
+// non-positive sizes, ValueError when n * hw == 1, eps < 0, or momentum outside [0, 1].
+template <class T, class Act = NoActivation>
 void batchnorm2d_train_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                                const T* beta, double eps, double momentum, T* running_mean,
-                               T* running_var, T* y, T* save_mean, T* save_invstd) {
+                               T* running_var, T* y, T* save_mean, T* save_invstd,
+                               int threads = 1, Act act = {}) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_train_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_train_forward";
@@ -99,13 +138,13 @@ void batchnorm2d_train_forward(index_t n, index_t c, index_t hw, const T* x, con
   KILN_CHECK((running_mean == nullptr) == (running_var == nullptr), ValueError, fn,
              ": running_mean and running_var must both be given or both be null");
   const double m = double(n * hw);
-  for (index_t ch = 0; ch < c; ++ch) {
+  detail::batchnorm2d_channels(c, threads, [&](index_t ch) {
     double mean = 0.0, var = 0.0;
     detail::batchnorm2d_channel_stats(n, c, hw, x, ch, mean, var);
     const double invstd = 1.0 / std::sqrt(var + eps);
     const double g = gamma ? double(gamma[ch]) : 1.0;
     const double b = beta ? double(beta[ch]) : 0.0;
-    detail::batchnorm2d_channel_affine(n, c, hw, x, ch, invstd * g, b - mean * invstd * g, y);
+    detail::batchnorm2d_channel_affine(n, c, hw, x, ch, mean, invstd * g, b, y, act);
     if (running_mean) {
       running_mean[ch] = T((1.0 - momentum) * double(running_mean[ch]) + momentum * mean);
       running_var[ch] =
@@ -113,14 +152,14 @@ void batchnorm2d_train_forward(index_t n, index_t c, index_t hw, const T* x, con
     }
     if (save_mean) save_mean[ch] = T(mean);
     if (save_invstd) save_invstd[ch] = T(invstd);
-  }
+  });
 }
 
-// Eval-mode forward: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta.
-template <class T>
+// Eval-mode forward: y = act((x - running_mean) / sqrt(running_var + eps) * gamma + beta).
+template <class T, class Act = NoActivation>
 void batchnorm2d_eval_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                               const T* beta, double eps, const T* running_mean,
-                              const T* running_var, T* y) {
+                              const T* running_var, T* y, int threads = 1, Act act = {}) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_eval_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_eval_forward";
@@ -128,56 +167,106 @@ void batchnorm2d_eval_forward(index_t n, index_t c, index_t hw, const T* x, cons
   detail::batchnorm2d_check_eps(fn, eps);
   KILN_CHECK(running_mean != nullptr && running_var != nullptr, ValueError, fn,
              ": eval mode needs running_mean and running_var");
-  for (index_t ch = 0; ch < c; ++ch) {
+  detail::batchnorm2d_channels(c, threads, [&](index_t ch) {
     const double invstd = 1.0 / std::sqrt(double(running_var[ch]) + eps);
     const double g = gamma ? double(gamma[ch]) : 1.0;
     const double b = beta ? double(beta[ch]) : 0.0;
     const double scale = invstd * g;
-    detail::batchnorm2d_channel_affine(n, c, hw, x, ch, scale,
-                                       b - double(running_mean[ch]) * scale, y);
-  }
+    detail::batchnorm2d_channel_affine(n, c, hw, x, ch, double(running_mean[ch]), scale, b, y,
+                                       act);
+  });
 }
 
-// Training-mode backward (the batch statistics depend on x). With xhat = (x - mean) * invstd:
-//   dbeta = sum(dy), dgamma = sum(dy * xhat),
-//   dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma).
-// save_mean / save_invstd are the ones batchnorm2d_train_forward wrote. dx is overwritten
-// (or skipped when nullptr).
-template <class T>
+// Training-mode backward (the batch statistics depend on x). With xhat = (x - mean) * invstd
+// and dz = dy * act'(z) at the pre-activation z = xhat * gamma + beta (dz = dy without act):
+//   dbeta = sum(dz), dgamma = sum(dz * xhat),
+//   dx = gamma * invstd / M * (M * dz - dbeta - xhat * dgamma).
+// save_mean / save_invstd are the ones batchnorm2d_train_forward wrote; beta is read only with
+// an activation (it recomputes z). dx is overwritten (or skipped when nullptr).
+template <class T, class Act = NoActivation>
 void batchnorm2d_backward(index_t n, index_t c, index_t hw, const T* x, const T* dy,
                           const T* gamma, const T* save_mean, const T* save_invstd, T* dx,
-                          T* dgamma, T* dbeta) {
+                          T* dgamma, T* dbeta, int threads = 1, const T* beta = nullptr,
+                          Act act = {}) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_backward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_backward";
+  constexpr bool has_act = !std::is_same_v<Act, NoActivation>;
   detail::batchnorm2d_check_sizes(fn, n, c, hw);
   KILN_CHECK(save_mean != nullptr && save_invstd != nullptr, ValueError, fn,
              ": needs save_mean and save_invstd from batchnorm2d_train_forward");
   const double m = double(n * hw);
-  for (index_t ch = 0; ch < c; ++ch) {
+  detail::batchnorm2d_channels(c, threads, [&](index_t ch) {
     const double mean = double(save_mean[ch]), invstd = double(save_invstd[ch]);
+    const double g = gamma ? double(gamma[ch]) : 1.0;
+    const T zm = T(mean), zs = T(invstd * g), zb = T(beta ? double(beta[ch]) : 0.0);
+    // dz at one element: dy, or dy * act'(z) with z recomputed as the forward did.
+    auto dz = [&](index_t i) {
+      if constexpr (has_act) return double(dy[i] * act.d(T((x[i] - zm) * zs + zb)));
+      else return double(dy[i]);
+    };
     double sum_dy = 0.0, sum_dy_xhat = 0.0;
     for (index_t i = 0; i < n; ++i) {
       const index_t off = (i * c + ch) * hw;
       for (index_t j = 0; j < hw; ++j) {
-        const double d = double(dy[off + j]);
+        const double d = dz(off + j);
         sum_dy += d;
         sum_dy_xhat += d * (double(x[off + j]) - mean) * invstd;
       }
     }
     if (dbeta) dbeta[ch] = T(sum_dy);
     if (dgamma) dgamma[ch] = T(sum_dy_xhat);
-    if (!dx) continue;
-    const double g = gamma ? double(gamma[ch]) : 1.0;
+    if (!dx) return;
     const double k = g * invstd, mean_dy = sum_dy / m, mean_dy_xhat = sum_dy_xhat / m;
     for (index_t i = 0; i < n; ++i) {
       const index_t off = (i * c + ch) * hw;
       for (index_t j = 0; j < hw; ++j) {
         const double xhat = (double(x[off + j]) - mean) * invstd;
-        dx[off + j] = T(k * (double(dy[off + j]) - mean_dy - xhat * mean_dy_xhat));
+        dx[off + j] = T(k * (dz(off + j) - mean_dy - xhat * mean_dy_xhat));
       }
     }
-  }
+  });
+}
+
+// Eval-mode backward (the running statistics are constants): with
+// invstd = 1 / sqrt(running_var + eps), xhat = (x - running_mean) * invstd and dz as above,
+//   dx = dz * gamma * invstd, dgamma = sum(dz * xhat), dbeta = sum(dz).
+// Any of dx, dgamma, dbeta may be nullptr; the others are overwritten.
+template <class T, class Act = NoActivation>
+void batchnorm2d_eval_backward(index_t n, index_t c, index_t hw, const T* x, const T* dy,
+                               const T* gamma, const T* beta, double eps, const T* running_mean,
+                               const T* running_var, T* dx, T* dgamma, T* dbeta,
+                               int threads = 1, Act act = {}) {
+  static_assert(detail::batchnorm_type_ok<T>,
+                "kiln::cpu::batchnorm2d_eval_backward: T must be float or double");
+  constexpr const char* fn = "kiln::cpu::batchnorm2d_eval_backward";
+  constexpr bool has_act = !std::is_same_v<Act, NoActivation>;
+  detail::batchnorm2d_check_sizes(fn, n, c, hw);
+  detail::batchnorm2d_check_eps(fn, eps);
+  KILN_CHECK(running_mean != nullptr && running_var != nullptr, ValueError, fn,
+             ": eval mode needs running_mean and running_var");
+  detail::batchnorm2d_channels(c, threads, [&](index_t ch) {
+    const double invstd = 1.0 / std::sqrt(double(running_var[ch]) + eps);
+    const double mean = double(running_mean[ch]);
+    const double g = gamma ? double(gamma[ch]) : 1.0;
+    const T zm = T(mean), zs = T(invstd * g), zb = T(beta ? double(beta[ch]) : 0.0);
+    auto dz = [&](index_t i) {
+      if constexpr (has_act) return double(dy[i] * act.d(T((x[i] - zm) * zs + zb)));
+      else return double(dy[i]);
+    };
+    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    for (index_t i = 0; i < n; ++i) {
+      const index_t off = (i * c + ch) * hw;
+      for (index_t j = 0; j < hw; ++j) {
+        const double d = dz(off + j);
+        sum_dy += d;
+        sum_dy_xhat += d * (double(x[off + j]) - mean) * invstd;
+        if (dx) dx[off + j] = T(d * g * invstd);
+      }
+    }
+    if (dbeta) dbeta[ch] = T(sum_dy);
+    if (dgamma) dgamma[ch] = T(sum_dy_xhat);
+  });
 }
 
 }  // namespace kiln::cpu

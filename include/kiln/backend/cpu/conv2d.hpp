@@ -7,18 +7,25 @@
 //                            .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1};
 //   kiln::cpu::conv2d_forward(s, x, w, bias, y);
 //
-// Each image is one GEMM against its column matrix col [Cin*KH*KW, OH*OW], where
-// col[(c*KH + i)*KW + j][oh*OW + ow] = x[c][oh*sh - ph + i*dh][ow*sw - pw + j*dw] (0 outside).
-// A 1x1 stride-1 unpadded convolution has col == x_n, so it skips the copy.
+// Images are taken in chunks (as many as keep the column matrix under ~16 MiB); a chunk is ONE
+// GEMM against its column matrix col [Cin*KH*KW, images*OH*OW], where
+// col[(c*KH + i)*KW + j][img*OH*OW + oh*OW + ow] = x[img][c][oh*sh - ph + i*dh][ow*sw - pw + j*dw]
+// (0 outside), so a small image still gives a wide GEMM. The GEMM writes [Cout, images*OH*OW];
+// an epilogue pass scatters it to NCHW (adding the bias, or whatever the caller fuses there).
 //
-// Scratch: this first slice allocates the column buffer as a std::vector per call (one image's
-// worth, reused across the batch); moving it onto a reusable pool is left for later.
-// im2col / col2im run on the calling thread; only the GEMMs use `threads`.
+// Threads: the GEMMs use `threads`; im2col, col2im and the scatter split over images or rows.
+// The chunking depends on the shape only, and kiln's GEMM gives the same bits at every thread
+// count, so the results do too. Scratch is reused per thread across calls (conv2d_scratch).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <type_traits>
 #include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include "kiln/backend/cpu/gemm.hpp"
 #include "kiln/config.hpp"
@@ -71,106 +78,187 @@ namespace detail {
 template <class T>
 inline constexpr bool conv2d_type_ok = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
-// col = im2col(x_n); see the layout at the top of the file.
+// The first ow in [0, ow_n) whose input column ow*stride - pad + tap is >= 0, and the end of the
+// run that stays < w: taps outside [lo, hi) read padding.
+struct TapRange {
+  index_t lo, hi;
+};
+inline TapRange tap_range(index_t ow_n, index_t stride, index_t pad, index_t tap, index_t w) {
+  const index_t first = pad - tap;  // ow*stride >= first
+  index_t lo = first <= 0 ? 0 : (first + stride - 1) / stride;
+  const index_t last = w - 1 + pad - tap;  // ow*stride <= last
+  index_t hi = last < 0 ? 0 : last / stride + 1;
+  lo = std::min(lo, ow_n);
+  hi = std::clamp(hi, lo, ow_n);
+  return {lo, hi};
+}
+
+// Columns of image x_n into col, whose rows are ld apart:
+// col[(c*KH + i)*KW + j][oh*OW + ow] = x_n[c][oh*sh - ph + i*dh][ow*sw - pw + j*dw] (0 outside).
 template <class T>
-void im2col(const Conv2dShape& s, const T* x, T* col) {
+void im2col(const Conv2dShape& s, const T* x, T* col, index_t ld) {
   const index_t oh_n = s.out_h(), ow_n = s.out_w();
   for (index_t c = 0; c < s.c_in; ++c)
     for (index_t i = 0; i < s.kh; ++i)
       for (index_t j = 0; j < s.kw; ++j) {
-        T* row = col + ((c * s.kh + i) * s.kw + j) * oh_n * ow_n;
+        T* row = col + ((c * s.kh + i) * s.kw + j) * ld;
+        const TapRange r = tap_range(ow_n, s.stride_w, s.pad_w, j * s.dil_w, s.w);
         for (index_t oh = 0; oh < oh_n; ++oh) {
           const index_t ih = oh * s.stride_h - s.pad_h + i * s.dil_h;
           T* out = row + oh * ow_n;
           if (ih < 0 || ih >= s.h) {
-            for (index_t ow = 0; ow < ow_n; ++ow) out[ow] = T(0);
+            std::fill(out, out + ow_n, T(0));
             continue;
           }
-          const T* in = x + (c * s.h + ih) * s.w;
-          for (index_t ow = 0; ow < ow_n; ++ow) {
-            const index_t iw = ow * s.stride_w - s.pad_w + j * s.dil_w;
-            out[ow] = iw >= 0 && iw < s.w ? in[iw] : T(0);
+          const T* in = x + (c * s.h + ih) * s.w - s.pad_w + j * s.dil_w;
+          std::fill(out, out + r.lo, T(0));
+          if (s.stride_w == 1) {
+            std::copy(in + r.lo, in + r.hi, out + r.lo);
+          } else {
+            for (index_t ow = r.lo; ow < r.hi; ++ow) out[ow] = in[ow * s.stride_w];
           }
+          std::fill(out + r.hi, out + ow_n, T(0));
         }
       }
 }
 
 // dx_n += col2im(col): the adjoint of im2col; overlapping taps add up.
 template <class T>
-void col2im_add(const Conv2dShape& s, const T* col, T* dx) {
+void col2im_add(const Conv2dShape& s, const T* col, index_t ld, T* dx) {
   const index_t oh_n = s.out_h(), ow_n = s.out_w();
   for (index_t c = 0; c < s.c_in; ++c)
     for (index_t i = 0; i < s.kh; ++i)
       for (index_t j = 0; j < s.kw; ++j) {
-        const T* row = col + ((c * s.kh + i) * s.kw + j) * oh_n * ow_n;
+        const T* row = col + ((c * s.kh + i) * s.kw + j) * ld;
+        const TapRange r = tap_range(ow_n, s.stride_w, s.pad_w, j * s.dil_w, s.w);
         for (index_t oh = 0; oh < oh_n; ++oh) {
           const index_t ih = oh * s.stride_h - s.pad_h + i * s.dil_h;
           if (ih < 0 || ih >= s.h) continue;
           const T* in = row + oh * ow_n;
-          T* out = dx + (c * s.h + ih) * s.w;
-          for (index_t ow = 0; ow < ow_n; ++ow) {
-            const index_t iw = ow * s.stride_w - s.pad_w + j * s.dil_w;
-            if (iw >= 0 && iw < s.w) out[iw] += in[ow];
-          }
+          T* out = dx + (c * s.h + ih) * s.w - s.pad_w + j * s.dil_w;
+          for (index_t ow = r.lo; ow < r.hi; ++ow) out[ow * s.stride_w] += in[ow];
         }
       }
 }
 
-// x_n is already the column matrix: no window, no stride, no padding.
-inline bool conv2d_is_pointwise(const Conv2dShape& s) {
-  return s.kh == 1 && s.kw == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 0 &&
-         s.pad_w == 0;
+// Images per chunk: a chunk's column matrix [Cin*KH*KW, images*OH*OW] stays under about
+// 16 MiB, so the GEMM gets a long dimension of many images' outputs (small images give tiny
+// per-image GEMMs) without the scratch growing with the batch. The chunking depends only on
+// the shape, never on the thread count, so results are the same at every thread count.
+template <class T>
+index_t conv2d_chunk(const Conv2dShape& s) {
+  const index_t per_image = std::max<index_t>(1, s.col_rows() * s.out_h() * s.out_w());
+  return std::clamp<index_t>(index_t((std::size_t(16) << 20) / sizeof(T)) / per_image, 1, s.n);
+}
+
+// Scratch reused across calls on this thread (col, and the output or gradient in [C, images*OH*OW]
+// order): a convolution runs every step, and fresh multi-MiB buffers would fault in new pages
+// each time. Grows to the largest chunk seen; never shrinks.
+template <class T, int Slot>
+T* conv2d_scratch(std::size_t count) {
+  thread_local std::vector<T> buffer;
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
+inline int conv2d_threads(int threads) {
+#if defined(_OPENMP)
+  return threads > 0 ? threads : omp_get_max_threads();
+#else
+  (void)threads;
+  return 1;
+#endif
+}
+
+// f(i) for i in [0, n), split across threads (each i independent).
+template <class F>
+void conv2d_parallel(index_t n, int threads, const F& f) {
+#if defined(_OPENMP)
+  if (threads > 1 && n > 1) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (index_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+#endif
+  (void)threads;
+  for (index_t i = 0; i < n; ++i) f(i);
+}
+
+// The chunk's columns: col [Cin*KH*KW, cn*OH*OW] for images n0 .. n0+cn.
+template <class T>
+void im2col_chunk(const Conv2dShape& s, const T* x, index_t n0, index_t cn, T* col, int threads) {
+  const index_t ohw = s.out_h() * s.out_w(), ld = cn * ohw;
+  conv2d_parallel(cn, threads, [&](index_t i) { im2col(s, x + (n0 + i) * s.c_in * s.h * s.w, col + i * ohw, ld); });
+}
+
+// dyt [Cout, cn*OH*OW] = the chunk's images of dy [N, Cout, OH*OW], channel-major.
+template <class T>
+void gather_channels(const Conv2dShape& s, const T* dy, index_t n0, index_t cn, T* dyt, int threads) {
+  const index_t ohw = s.out_h() * s.out_w();
+  conv2d_parallel(cn * s.c_out, threads, [&](index_t r) {
+    const index_t i = r / s.c_out, co = r % s.c_out;
+    const T* src = dy + ((n0 + i) * s.c_out + co) * ohw;
+    std::copy(src, src + ohw, dyt + co * cn * ohw + i * ohw);
+  });
 }
 
 }  // namespace detail
+
+// y = epilogue(conv(x, w)): the chunk's GEMM result z [Cout, images*OH*OW] is handed to
+// epi(n, co, z_row, y_row, OH*OW), which writes image n's channel co of y (and whatever else it
+// keeps, such as a pre-activation for backward) while the row is in cache.
+template <class T, class Epilogue>
+void conv2d_forward_epilogue(const Conv2dShape& s, const T* x, const T* w, T* y, int threads,
+                             const Epilogue& epi) {
+  static_assert(detail::conv2d_type_ok<T>, "kiln::cpu::conv2d_forward: T must be float or double");
+  s.check("kiln::cpu::conv2d_forward");
+  threads = detail::conv2d_threads(threads);
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), chunk = detail::conv2d_chunk<T>(s);
+  T* col = detail::conv2d_scratch<T, 0>(std::size_t(k * chunk * ohw));
+  T* z = detail::conv2d_scratch<T, 1>(std::size_t(s.c_out * chunk * ohw));
+  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+    const index_t cn = std::min(chunk, s.n - n0), ld = cn * ohw;
+    detail::im2col_chunk(s, x, n0, cn, col, threads);
+    gemm<T>(trans::no, trans::no, s.c_out, ld, k, T(1), w, k, col, ld, T(0), z, ld, threads);
+    detail::conv2d_parallel(cn * s.c_out, threads, [&](index_t r) {
+      const index_t i = r / s.c_out, co = r % s.c_out;
+      epi(n0 + i, co, z + co * ld + i * ohw, y + ((n0 + i) * s.c_out + co) * ohw, ohw);
+    });
+  }
+}
 
 // y = conv(x, w) + bias. bias may be nullptr. y is overwritten (never read).
 // threads: as for gemm (0 = omp_get_max_threads()).
 template <class T>
 void conv2d_forward(const Conv2dShape& s, const T* x, const T* w, const T* bias, T* y,
                     int threads = 0) {
-  static_assert(detail::conv2d_type_ok<T>, "kiln::cpu::conv2d_forward: T must be float or double");
-  s.check("kiln::cpu::conv2d_forward");
-  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
-  const bool pointwise = detail::conv2d_is_pointwise(s);
-  std::vector<T> col(pointwise ? 0 : std::size_t(k * ohw));
-  for (index_t n = 0; n < s.n; ++n) {
-    const T* xn = x + n * s.c_in * s.h * s.w;
-    T* yn = y + n * s.c_out * ohw;
-    const T* b = xn;
-    if (!pointwise) {
-      detail::im2col(s, xn, col.data());
-      b = col.data();
-    }
-    gemm<T>(trans::no, trans::no, s.c_out, ohw, k, T(1), w, k, b, ohw, T(0), yn, ohw, threads);
-    if (bias != nullptr)
-      for (index_t co = 0; co < s.c_out; ++co)
-        for (index_t p = 0; p < ohw; ++p) yn[co * ohw + p] += bias[co];
-  }
+  conv2d_forward_epilogue(s, x, w, y, threads, [bias](index_t, index_t co, const T* z, T* yr, index_t len) {
+    const T b = bias ? bias[co] : T(0);
+    for (index_t p = 0; p < len; ++p) yr[p] = z[p] + b;
+  });
 }
 
-// dx = d(sum y * dy)/dx for y = conv2d_forward(x, w): dcol = W^T dy_n, then col2im.
+// dx = d(sum y * dy)/dx for y = conv2d_forward(x, w): dcol = W^T dy, then col2im.
 // dx is overwritten.
 template <class T>
 void conv2d_backward_data(const Conv2dShape& s, const T* dy, const T* w, T* dx, int threads = 0) {
   static_assert(detail::conv2d_type_ok<T>,
                 "kiln::cpu::conv2d_backward_data: T must be float or double");
   s.check("kiln::cpu::conv2d_backward_data");
+  threads = detail::conv2d_threads(threads);
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hw = s.h * s.w;
-  const bool pointwise = detail::conv2d_is_pointwise(s);
-  std::vector<T> dcol(pointwise ? 0 : std::size_t(k * ohw));
-  for (index_t n = 0; n < s.n; ++n) {
-    const T* dyn = dy + n * s.c_out * ohw;
-    T* dxn = dx + n * s.c_in * hw;
-    if (pointwise) {  // dcol is dx_n itself; beta = 0 overwrites it
-      gemm<T>(trans::yes, trans::no, k, ohw, s.c_out, T(1), w, k, dyn, ohw, T(0), dxn, ohw,
-              threads);
-      continue;
-    }
-    gemm<T>(trans::yes, trans::no, k, ohw, s.c_out, T(1), w, k, dyn, ohw, T(0), dcol.data(), ohw,
-            threads);
-    for (index_t p = 0; p < s.c_in * hw; ++p) dxn[p] = T(0);
-    detail::col2im_add(s, dcol.data(), dxn);
+  const index_t chunk = detail::conv2d_chunk<T>(s);
+  T* dcol = detail::conv2d_scratch<T, 0>(std::size_t(k * chunk * ohw));
+  T* dyt = detail::conv2d_scratch<T, 1>(std::size_t(s.c_out * chunk * ohw));
+  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+    const index_t cn = std::min(chunk, s.n - n0), ld = cn * ohw;
+    detail::gather_channels(s, dy, n0, cn, dyt, threads);
+    gemm<T>(trans::yes, trans::no, k, ld, s.c_out, T(1), w, k, dyt, ld, T(0), dcol, ld, threads);
+    detail::conv2d_parallel(cn, threads, [&](index_t i) {
+      T* dxn = dx + (n0 + i) * s.c_in * hw;
+      std::fill(dxn, dxn + s.c_in * hw, T(0));
+      detail::col2im_add(s, dcol + i * ohw, ld, dxn);
+    });
   }
 }
 
@@ -182,23 +270,20 @@ void conv2d_backward_filter(const Conv2dShape& s, const T* x, const T* dy, T* dw
   static_assert(detail::conv2d_type_ok<T>,
                 "kiln::cpu::conv2d_backward_filter: T must be float or double");
   s.check("kiln::cpu::conv2d_backward_filter");
-  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
-  const bool pointwise = detail::conv2d_is_pointwise(s);
-  std::vector<T> col(pointwise ? 0 : std::size_t(k * ohw));
-  for (index_t n = 0; n < s.n; ++n) {
-    const T* xn = x + n * s.c_in * s.h * s.w;
-    const T* dyn = dy + n * s.c_out * ohw;
-    const T* b = xn;
-    if (!pointwise) {
-      detail::im2col(s, xn, col.data());
-      b = col.data();
-    }
-    // beta = 0 on the first image: dw need not be initialised by the caller.
-    gemm<T>(trans::no, trans::yes, s.c_out, k, ohw, T(1), dyn, ohw, b, ohw, n == 0 ? T(0) : T(1),
-            dw, k, threads);
+  threads = detail::conv2d_threads(threads);
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), chunk = detail::conv2d_chunk<T>(s);
+  T* col = detail::conv2d_scratch<T, 0>(std::size_t(k * chunk * ohw));
+  T* dyt = detail::conv2d_scratch<T, 1>(std::size_t(s.c_out * chunk * ohw));
+  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+    const index_t cn = std::min(chunk, s.n - n0), ld = cn * ohw;
+    detail::im2col_chunk(s, x, n0, cn, col, threads);
+    detail::gather_channels(s, dy, n0, cn, dyt, threads);
+    // beta = 0 on the first chunk: dw need not be initialised by the caller.
+    gemm<T>(trans::no, trans::yes, s.c_out, k, ld, T(1), dyt, ld, col, ld, n0 == 0 ? T(0) : T(1), dw, k,
+            threads);
   }
   if (dbias == nullptr) return;
-  for (index_t co = 0; co < s.c_out; ++co) {
+  detail::conv2d_parallel(s.c_out, threads, [&](index_t co) {
     // Summed in double: the reduction is N*OH*OW long, and this pass is cheap next to the GEMM.
     double acc = 0;
     for (index_t n = 0; n < s.n; ++n) {
@@ -206,7 +291,7 @@ void conv2d_backward_filter(const Conv2dShape& s, const T* x, const T* dy, T* dw
       for (index_t q = 0; q < ohw; ++q) acc += double(p[q]);
     }
     dbias[co] = T(acc);
-  }
+  });
 }
 
 }  // namespace kiln::cpu

@@ -1,0 +1,214 @@
+// kiln/nn/batchnorm.hpp — BatchNorm2d<C>: per-channel normalisation of [N, C, H, W], as PyTorch.
+//
+// Training mode normalises with the batch's mean and biased variance and updates the running
+// statistics (momentum 0.1 by default, unbiased variance); evaluation mode normalises with the
+// running statistics. weight (ones) and bias (zeros) are learned. forward_fused<Act> applies an
+// activation in the same pass (Sequential does this for BatchNorm2d followed by an activation:
+// conv-bn-relu is then two passes, not three), and its backward recomputes the pre-activation
+// from the saved statistics instead of keeping it.
+// Forward ONE pass per channel (statistics, then normalise); backward ONE (the activation's
+// derivative, the sums, dx, dweight and dbias together). Channels run in parallel on the CPU.
+// The CUDA path (cuDNN) is not written yet: a BatchNorm2d on kiln::cuda is a static_assert.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kiln/backend/cpu/batchnorm2d.hpp"
+#include "kiln/core/epilogue.hpp"
+#include "kiln/core/random.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/nn/sample_shape.hpp"
+
+namespace kiln::nn {
+
+namespace detail {
+template <class Layer, class In>
+struct batchnorm_accepts {
+  static_assert(dependent_false<In>,
+                "kiln::nn::BatchNorm2d: the input must be an image [C, H, W] (batchnorm_accepts<Layer, sample<...>> "
+                "names the sizes)");
+  using type = In;
+};
+template <class Layer>
+struct batchnorm_accepts<Layer, any_sample> {
+  using type = sample<Layer::channels, dyn, dyn>;
+};
+template <class Layer, index_t C, index_t H, index_t W>
+struct batchnorm_accepts<Layer, sample<C, H, W>> {
+  static_assert(C == dyn || C == Layer::channels,
+                "kiln::nn::BatchNorm2d<C>: the input's channels differ from C (batchnorm_accepts<BatchNorm2d<C>, "
+                "sample<C', H, W>> names both)");
+  using type = sample<Layer::channels, H, W>;
+};
+
+// A kiln::fn functor as the CPU kernels' activation (NoActivation for fn::Identity).
+template <class F>
+using bn_activation = std::conditional_t<is_identity_act_v<F>, cpu::NoActivation, F>;
+}  // namespace detail
+
+template <index_t C, class T = float, class Space = host>
+class BatchNorm2d {
+  static_assert(C > 0, "kiln::nn::BatchNorm2d<C>: C must be positive");
+  static_assert(std::is_same_v<Space, host>,
+                "kiln::nn::BatchNorm2d: batch norm runs on the CPU backend (kiln::host) today; its CUDA path (cuDNN) "
+                "is not written yet");
+
+ public:
+  static constexpr index_t channels = C;
+  static constexpr bool fuses_activation = true;
+  using value_type = T;
+  using space = Space;
+  template <class S>
+  using on = BatchNorm2d<C, T, S>;
+  template <class In>
+  using output_sample = typename detail::batchnorm_accepts<BatchNorm2d, In>::type;
+
+  // The running statistics and how many training batches updated them (PyTorch's buffers
+  // running_mean, running_var, num_batches_tracked). Shared by copies of the layer, like its
+  // parameters.
+  struct Buffers {
+    Tensor<T, Space, C> running_mean;
+    Tensor<T, Space, C> running_var;
+    std::int64_t batches_tracked = 0;
+  };
+
+  explicit BatchNorm2d(double eps = 1e-5, double momentum = 0.1)
+      : weight_(filled(T(1)), true), bias_(filled(T(0)), true), buffers_(std::make_shared<Buffers>()), eps_(eps),
+        momentum_(momentum) {
+    KILN_CHECK(eps > 0.0 && momentum >= 0.0 && momentum <= 1.0, ValueError, "BatchNorm2d<", C,
+               ">: eps must be > 0 and momentum in [0, 1], got eps ", eps, " and momentum ", momentum);
+    buffers_->running_mean = filled(T(0));
+    buffers_->running_var = filled(T(1));
+  }
+  explicit BatchNorm2d(Generator&) : BatchNorm2d() {}
+
+  template <class Exec, index_t B, index_t Ci, index_t H, index_t W>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, Ci, H, W>& x) const {
+    return run<fn::Identity>(tape, x);
+  }
+  template <class Act, class Exec, index_t B, index_t Ci, index_t H, index_t W>
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, Ci, H, W>& x) const {
+    static_assert(requires { typename Act::functor; },
+                  "kiln::nn::BatchNorm2d::forward_fused<Act>: the activation must name its kiln::fn functor "
+                  "(kiln::nn::Activation<F>)");
+    return run<typename Act::functor>(tape, x);
+  }
+
+  void train(bool on = true) { training_ = on; }
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+  template <class F>
+  void for_each_parameter(F&& f) const {
+    f(weight_);
+    f(bias_);
+  }
+  const ag::Var<T, Space, C>& weight() const { return weight_; }
+  const ag::Var<T, Space, C>& bias() const { return bias_; }
+  const Buffers& buffers() const { return *buffers_; }
+  Buffers& buffers() { return *buffers_; }
+  double eps() const { return eps_; }
+  double momentum() const { return momentum_; }
+
+  template <class Act = void>
+  static constexpr Launches launches_fused(const LaunchContext&) {
+    return {1, 1};
+  }
+  static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
+  static constexpr index_t parameter_tensors = 2;
+  static std::string describe() { return "BatchNorm2d<" + std::to_string(C) + ">"; }
+
+ private:
+  static Tensor<T, Space, C> filled(T v) {
+    Tensor<T, host, C> t;
+    std::fill(t.data(), t.data() + C, v);
+    return space_ops<Space>::from_host(std::move(t));
+  }
+
+  template <class F, class Exec, index_t B, index_t Ci, index_t H, index_t W>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, Ci, H, W>& x) const {
+    static_assert(std::is_same_v<Space, typename Exec::space>,
+                  "kiln::nn::BatchNorm2d: the input must live in the executor's memory space");
+    using Out = ag::Var<T, Space, B, C, H, W>;
+    using Act = detail::bn_activation<F>;
+    const Shape s = x.shape();
+    KILN_CHECK(s.rank == 4 && s[1] == C, ShapeError, "BatchNorm2d<", C, ">: the input has shape ", s.str(),
+               "; it must be [N, ", C, ", H, W]");
+    const index_t n = s[0], hw = s[2] * s[3];
+    Out out{typename Out::tensor_type(s)};
+    const int threads = tape.exec().threads();
+    const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
+    const std::string name = is_identity_act_v<F> ? std::string("batch_norm") : std::string("batch_norm+") + F::name;
+    tape.exec().stats().count(kind::norm, name, s.size(), bytes);
+    const bool train = training_;
+    // Batch mean and invstd per channel (training), kept for backward.
+    auto saved = std::make_shared<std::vector<T>>(train ? std::size_t(2 * C) : 0);
+    Buffers& buf = *buffers_;
+    if (train) {
+      cpu::batchnorm2d_train_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
+                                     momentum_, buf.running_mean.data(), buf.running_var.data(), out.value().data(),
+                                     saved->data(), saved->data() + C, threads, Act{});
+      ++buf.batches_tracked;
+    } else {
+      cpu::batchnorm2d_eval_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
+                                    buf.running_mean.data(), buf.running_var.data(), out.value().data(), threads,
+                                    Act{});
+    }
+    const auto wd = weight_.data(), bd = bias_.data();
+    const bool any = x.requires_grad() || wd->requires_grad || bd->requires_grad;
+    if (!any || !tape.recording()) return out;
+    out.set_requires_grad(true);
+    // Eval mode reads the running statistics as they are now: copy them, so an optimizer step or
+    // a later training forward before backward cannot change the gradient.
+    if (!train) {
+      saved->assign(buf.running_mean.data(), buf.running_mean.data() + C);
+      saved->insert(saved->end(), buf.running_var.data(), buf.running_var.data() + C);
+    }
+    tape.record(out, {x.data(), wd, bd},
+                [xd = x.data(), wd, bd, saved, train, n, hw, eps = eps_, bytes, name](Exec& exec, auto& od) {
+                  if (!od.grad_valid) return;
+                  exec.stats().count(kind::norm, name + "_backward", n * C * hw, bytes * 2);
+                  const bool want_dx = xd->requires_grad;
+                  const bool add_x = want_dx && xd->grad_valid;
+                  std::vector<T> tmp(add_x ? std::size_t(n * C * hw) : 0);
+                  T* dx = want_dx ? (add_x ? tmp.data() : xd->ensure_grad()) : nullptr;
+                  T dgamma[C], dbeta[C];
+                  const T* X = xd->value.data();
+                  const T* G = od.grad.data();
+                  if (train) {
+                    cpu::batchnorm2d_backward(n, C, hw, X, G, wd->value.data(), saved->data(), saved->data() + C,
+                                              dx, dgamma, dbeta, exec.threads(), bd->value.data(), Act{});
+                  } else {
+                    cpu::batchnorm2d_eval_backward(n, C, hw, X, G, wd->value.data(), bd->value.data(), eps,
+                                                   saved->data(), saved->data() + C, dx, dgamma, dbeta,
+                                                   exec.threads(), Act{});
+                  }
+                  if (want_dx) {
+                    if (add_x) {
+                      T* g = xd->ensure_grad();
+                      for (index_t i = 0; i < n * C * hw; ++i) g[i] += tmp[std::size_t(i)];
+                    }
+                    xd->grad_valid = true;
+                  }
+                  for (auto [node, src] : {std::pair{wd.get(), dgamma}, std::pair{bd.get(), dbeta}}) {
+                    if (!node->requires_grad) continue;
+                    const bool add = node->grad_valid;
+                    T* g = node->ensure_grad();
+                    for (index_t c = 0; c < C; ++c) g[c] = add ? T(g[c] + src[c]) : src[c];
+                    node->grad_valid = true;
+                  }
+                });
+    return out;
+  }
+
+  ag::Var<T, Space, C> weight_;
+  ag::Var<T, Space, C> bias_;
+  std::shared_ptr<Buffers> buffers_;
+  double eps_, momentum_;
+  bool training_ = true;
+};
+
+}  // namespace kiln::nn

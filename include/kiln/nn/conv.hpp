@@ -1,0 +1,309 @@
+// kiln/nn/conv.hpp — 2-D convolution as an autograd op and a layer, NCHW, PyTorch's layout and
+// initialisation ([Cout, Cin, K, K] weight, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and
+// bias, fan_in = Cin*K*K).
+//
+//   using Net = nn::Sequential<nn::Unflatten<1, 20, 20>, nn::Conv2d<1, 16, 3, 1, 1>, nn::ReLU, ...>;
+//
+// Forward is ONE convolution whose epilogue adds the bias; forward_fused<Act> runs an activation
+// in the same epilogue, act(conv(x) + b) — Sequential does this for every Conv2d followed by an
+// activation, as for Linear. Backward: the activation's derivative (one pass, fused runs only),
+// then backward-data (when the input needs a gradient) and backward-filter with the bias gradient.
+// Channels and spatial sizes flow through the type (output_sample): a Conv2d whose Cin differs
+// from the previous layer's channels is a static_assert, and with static input extents the
+// output's H and W are static too.
+//
+// Where it runs: the CPU backend (kiln/backend/cpu/conv2d.hpp: chunked im2col + kiln's GEMM).
+// The CUDA path (cuDNN) is not written yet; a model with a Conv2d on kiln::cuda is a
+// static_assert saying so.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kiln/backend/cpu/conv2d.hpp"
+#include "kiln/core/epilogue.hpp"
+#include "kiln/core/random.hpp"
+#include "kiln/nn/init.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/nn/sample_shape.hpp"
+
+namespace kiln::nn {
+
+// Stride, padding and dilation of a square-kernel convolution (the same along both axes).
+struct Conv2dGeometry {
+  index_t kernel = 1, stride = 1, pad = 0, dilation = 1;
+};
+
+namespace detail {
+
+template <class S>
+inline constexpr bool conv_space_ok = std::is_same_v<S, host>;
+
+inline cpu::Conv2dShape conv_shape(const Shape& x, index_t c_out, const Conv2dGeometry& g) {
+  return {.n = x[0], .c_in = x[1], .h = x[2], .w = x[3], .c_out = c_out, .kh = g.kernel, .kw = g.kernel,
+          .stride_h = g.stride, .stride_w = g.stride, .pad_h = g.pad, .pad_w = g.pad, .dil_h = g.dilation,
+          .dil_w = g.dilation};
+}
+
+// dst[i] = src[i] (add = false) or dst[i] += src[i].
+template <class T>
+void write_or_add(T* dst, const T* src, index_t n, bool add) {
+  if (add) {
+    for (index_t i = 0; i < n; ++i) dst[i] += src[i];
+  } else {
+    std::copy(src, src + n, dst);
+  }
+}
+
+// y = act(conv(x, w) + b) with x [N, Cin, H, W], w [Cout, Cin, K, K], b [Cout] (bd null: none).
+// Out is the result's variable type (the layer computes its static extents).
+template <class Out, class Act, class Exec, class T, class S, index_t... D, class WD, class BD>
+Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_ptr<WD> wd, std::shared_ptr<BD> bd,
+                const Conv2dGeometry& g) {
+  static_assert(std::is_same_v<S, typename Exec::space>,
+                "kiln::nn::conv2d: the input must live in the executor's memory space");
+  static_assert(conv_space_ok<S>,
+                "kiln::nn::conv2d: convolution runs on the CPU backend (kiln::host) today; its CUDA path (cuDNN) "
+                "is not written yet");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "kiln::nn::conv2d: convolution takes float or double (no mixed precision yet)");
+  const Shape xs = x.shape(), ws = wd->value.shape();
+  KILN_CHECK(xs.rank == 4, ShapeError, "conv2d: the input must be [N, C, H, W], got shape ", xs.str());
+  KILN_CHECK(ws.rank == 4 && xs[1] == ws[1] && ws[2] == g.kernel && ws[3] == g.kernel, ShapeError,
+             "conv2d: the input has shape ", xs.str(), " but the weight has shape ", ws.str(), " (kernel ", g.kernel,
+             "): the input's channels must equal the weight's second size");
+  const cpu::Conv2dShape s = conv_shape(xs, ws[0], g);
+  s.check("conv2d");
+  const index_t ohw = s.out_h() * s.out_w(), y_size = s.n * s.c_out * ohw;
+  Out out{typename Out::tensor_type(Shape{s.n, s.c_out, s.out_h(), s.out_w()})};
+  const bool any = x.requires_grad() || wd->requires_grad || (bd && bd->requires_grad);
+  const bool recording = any && tape.recording();
+  constexpr bool has_act = !is_identity_act_v<Act>;
+  // The pre-activation, kept for the activation's derivative in backward (fused runs only).
+  auto pre = std::make_shared<std::vector<T>>(has_act && recording ? std::size_t(y_size) : 0);
+  const T* bias = bd ? bd->value.data() : nullptr;
+  T* keep = pre->empty() ? nullptr : pre->data();
+  const int threads = tape.exec().threads();
+  const std::size_t x_bytes = std::size_t(xs.size()) * sizeof(T), y_bytes = std::size_t(y_size) * sizeof(T);
+  tape.exec().stats().count(kind::gemm, has_act ? std::string("conv2d+bias+") + Act::name : std::string("conv2d"),
+                            y_size, x_bytes + y_bytes);
+  const index_t c_out = s.c_out;
+  cpu::conv2d_forward_epilogue(s, x.value().data(), wd->value.data(), out.value().data(), threads,
+                               [bias, keep, c_out, ohw](index_t n, index_t co, const T* z, T* y, index_t len) {
+                                 const T b = bias ? bias[co] : T(0);
+                                 if constexpr (has_act) {
+                                   if (T* k = keep ? keep + (n * c_out + co) * ohw : nullptr) {
+                                     for (index_t p = 0; p < len; ++p) k[p] = z[p] + b;
+                                     for (index_t p = 0; p < len; ++p) y[p] = Act{}(k[p]);
+                                   } else {
+                                     for (index_t p = 0; p < len; ++p) y[p] = Act{}(T(z[p] + b));
+                                   }
+                                 } else {
+                                   for (index_t p = 0; p < len; ++p) y[p] = z[p] + b;
+                                 }
+                               });
+  if (!recording) return out;
+  out.set_requires_grad(true);
+  std::vector<std::shared_ptr<ag::VarNode>> inputs{x.data(), wd};
+  if (bd) inputs.push_back(bd);
+  tape.record(out, std::move(inputs), [xd = x.data(), wd, bd, pre, s, y_size, x_bytes, y_bytes](Exec& exec, auto& od) {
+    if (!od.grad_valid) return;
+    const int threads = exec.threads();
+    const T* dy = od.grad.data();
+    std::vector<T> dz;
+    if constexpr (has_act) {
+      exec.stats().count(kind::elementwise, std::string("backward(") + Act::name + ")", y_size, y_bytes * 3);
+      dz.resize(std::size_t(y_size));
+      const T* z = pre->data();
+      for (index_t i = 0; i < y_size; ++i) dz[std::size_t(i)] = dy[i] * Act{}.d(z[i]);
+      dy = dz.data();
+    }
+    if (xd->requires_grad) {
+      exec.stats().count(kind::gemm, "conv2d_backward_data", s.n * s.c_in * s.h * s.w, x_bytes + y_bytes);
+      const bool add = xd->grad_valid;
+      T* dx = xd->ensure_grad();
+      if (add) {
+        std::vector<T> tmp(static_cast<std::size_t>(xd->value.size()));
+        cpu::conv2d_backward_data(s, dy, wd->value.data(), tmp.data(), threads);
+        write_or_add(dx, tmp.data(), index_t(tmp.size()), true);
+      } else {
+        cpu::conv2d_backward_data(s, dy, wd->value.data(), dx, threads);
+      }
+      xd->grad_valid = true;
+    }
+    const bool dw = wd->requires_grad, db = bd && bd->requires_grad;
+    if (dw || db) {
+      exec.stats().count(kind::gemm, "conv2d_backward_filter", wd->value.size(), x_bytes + y_bytes);
+      const index_t wn = wd->value.size();
+      std::vector<T> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
+      cpu::conv2d_backward_filter(s, xd->value.data(), dy, gw.data(), db ? gb.data() : nullptr, threads);
+      if (dw) {
+        const bool add = wd->grad_valid;
+        write_or_add(wd->ensure_grad(), gw.data(), wn, add);
+        wd->grad_valid = true;
+      }
+      if (db) {
+        const bool add = bd->grad_valid;
+        write_or_add(bd->ensure_grad(), gb.data(), s.c_out, add);
+        bd->grad_valid = true;
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace detail
+
+// y = conv2d(x, weight, bias): x [N, Cin, H, W], weight [Cout, Cin, K, K], bias [Cout].
+template <class Exec, class T, class S, index_t... D, index_t... W, index_t... Bd>
+ag::Var<T, S, dyn, dyn, dyn, dyn> conv2d(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x,
+                                         const ag::Var<T, S, W...>& weight, const ag::Var<T, S, Bd...>& bias,
+                                         Conv2dGeometry g) {
+  KILN_CHECK(bias.shape().rank == 1 && bias.dim(0) == weight.dim(0), ShapeError, "conv2d: the weight has shape ",
+             weight.shape().str(), " so the bias needs shape [", weight.dim(0), "], got ", bias.shape().str());
+  return detail::conv2d_impl<ag::Var<T, S, dyn, dyn, dyn, dyn>, fn::Identity>(tape, x, weight.data(), bias.data(), g);
+}
+// Without a bias.
+template <class Exec, class T, class S, index_t... D, index_t... W>
+ag::Var<T, S, dyn, dyn, dyn, dyn> conv2d(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x,
+                                         const ag::Var<T, S, W...>& weight, Conv2dGeometry g) {
+  using None = std::shared_ptr<typename ag::Var<T, S, dyn>::data_type>;
+  return detail::conv2d_impl<ag::Var<T, S, dyn, dyn, dyn, dyn>, fn::Identity>(tape, x, weight.data(), None(), g);
+}
+
+namespace detail {
+// Instantiated per layer and input sample, so the compiler names both when a check fails.
+template <class Layer, class In>
+struct conv_accepts {
+  static_assert(dependent_false<In>,
+                "kiln::nn::Conv2d: the input must be an image [C, H, W]; a flat input needs nn::Unflatten<C, H, W> "
+                "first (conv_accepts<Layer, sample<...>> names the sizes)");
+  using type = any_sample;
+};
+template <class Layer>
+struct conv_accepts<Layer, any_sample> {
+  using type = sample<Layer::out_channels, dyn, dyn>;
+};
+template <class Layer, index_t C, index_t H, index_t W>
+struct conv_accepts<Layer, sample<C, H, W>> {
+  static_assert(C == dyn || C == Layer::in_channels,
+                "kiln::nn::Conv2d: the input's channels differ from the layer's Cin (conv_accepts<Conv2d<Cin, ...>, "
+                "sample<C, H, W>> names both)");
+  static_assert((H == dyn || H + 2 * Layer::padding >= Layer::span) && (W == dyn || W + 2 * Layer::padding >= Layer::span),
+                "kiln::nn::Conv2d: the image (plus padding) is smaller than the kernel (conv_accepts<Conv2d<...>, "
+                "sample<C, H, W>> names the sizes)");
+  using type = sample<Layer::out_channels, window_output(H, Layer::kernel, Layer::stride, Layer::padding, Layer::dilation),
+                      window_output(W, Layer::kernel, Layer::stride, Layer::padding, Layer::dilation)>;
+};
+
+}  // namespace detail
+
+// Conv2d<Cin, Cout, Kernel, Stride, Padding, Dilation, Bias>: a square kernel, the same stride,
+// padding and dilation along both axes (PyTorch's argument order; groups are not offered).
+template <index_t Cin, index_t Cout, index_t Kernel, index_t Stride = 1, index_t Padding = 0, index_t Dilation = 1,
+          bool Bias = true, class T = float, class Space = host>
+class Conv2d {
+  static_assert(Cin > 0 && Cout > 0 && Kernel > 0 && Stride > 0 && Dilation > 0 && Padding >= 0,
+                "kiln::nn::Conv2d<Cin, Cout, Kernel, Stride, Padding, Dilation>: channels, kernel, stride and "
+                "dilation must be positive and padding non-negative");
+
+ public:
+  static constexpr index_t in_channels = Cin, out_channels = Cout, kernel = Kernel, stride = Stride,
+                           padding = Padding, dilation = Dilation, span = Dilation * (Kernel - 1) + 1;
+  static constexpr bool has_bias = Bias;
+  static constexpr bool fuses_activation = true;
+  using value_type = T;
+  using space = Space;
+  template <class S>
+  using on = Conv2d<Cin, Cout, Kernel, Stride, Padding, Dilation, Bias, T, S>;
+  template <class In>
+  using output_sample = typename detail::conv_accepts<Conv2d, In>::type;
+
+  // Weight, then bias, from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = Cin*K*K (PyTorch's
+  // reset_parameters), drawn on the host and moved into Space.
+  explicit Conv2d(Generator& gen) : weight_(init_weight(gen), true), bias_(init_bias(gen)) {}
+  explicit Conv2d(std::uint64_t seed = 0) : Conv2d(lvalue(Generator(seed))) {}
+
+  template <class Exec, index_t B, index_t C, index_t H, index_t W>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, C, H, W>& x) const {
+    return run<fn::Identity>(tape, x);
+  }
+  // act(conv(x) + b) in ONE pass; Act is an activation layer with a kiln::fn functor.
+  template <class Act, class Exec, index_t B, index_t C, index_t H, index_t W>
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, C, H, W>& x) const {
+    static_assert(requires { typename Act::functor; },
+                  "kiln::nn::Conv2d::forward_fused<Act>: the activation must name its kiln::fn functor "
+                  "(kiln::nn::Activation<F>)");
+    return run<typename Act::functor>(tape, x);
+  }
+
+  // Forward ONE convolution (with its epilogue); backward the activation's derivative when one is
+  // fused, backward-filter (with the bias gradient), and backward-data when the input needs it.
+  template <class Act = void>
+  static constexpr Launches launches_fused(const LaunchContext& c) {
+    constexpr bool act = [] {
+      if constexpr (std::is_void_v<Act>) return false;
+      else return !is_identity_act_v<typename Act::functor>;
+    }();
+    return {1, index_t(act) + 1 + (c.input_grad ? 1 : 0)};
+  }
+  static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
+  static constexpr index_t parameter_tensors = Bias ? 2 : 1;
+
+  static std::string describe() {
+    std::string d = "Conv2d<" + std::to_string(Cin) + ", " + std::to_string(Cout) + ", " + std::to_string(Kernel);
+    if (Stride != 1) d += ", stride " + std::to_string(Stride);
+    if (Padding != 0) d += ", pad " + std::to_string(Padding);
+    if (Dilation != 1) d += ", dilation " + std::to_string(Dilation);
+    return d + (Bias ? ">" : ", no bias>");
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) const {
+    f(weight_);
+    if constexpr (Bias) f(bias_);
+  }
+  const ag::Var<T, Space, Cout, Cin, Kernel, Kernel>& weight() const { return weight_; }
+  const ag::Var<T, Space, Cout>& bias() const
+    requires Bias
+  {
+    return bias_;
+  }
+
+ private:
+  static Generator& lvalue(Generator&& g) { return g; }
+  static constexpr index_t fan_in = Cin * Kernel * Kernel;
+
+  static Tensor<T, Space, Cout, Cin, Kernel, Kernel> init_weight(Generator& gen) {
+    ag::Var<T, host, Cout, Cin, Kernel, Kernel> w;
+    init::kaiming_uniform(w, gen, fan_in);
+    return space_ops<Space>::from_host(std::move(w.value()));
+  }
+  static auto init_bias(Generator& gen) {
+    if constexpr (Bias) {
+      ag::Var<T, host, Cout> b;
+      init::uniform(b, gen, -1.0 / std::sqrt(double(fan_in)), 1.0 / std::sqrt(double(fan_in)));
+      return ag::Var<T, Space, Cout>(space_ops<Space>::from_host(std::move(b.value())), true);
+    } else {
+      return nullptr;
+    }
+  }
+
+  template <class Act, class Exec, index_t B, index_t C, index_t H, index_t W>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, C, H, W>& x) const {
+    using Out = batch_var_t<T, Space, B, output_sample<sample<C, H, W>>>;
+    using None = std::shared_ptr<typename ag::Var<T, Space, Cout>::data_type>;
+    const Conv2dGeometry g{Kernel, Stride, Padding, Dilation};
+    if constexpr (Bias) return detail::conv2d_impl<Out, Act>(tape, x, weight_.data(), bias_.data(), g);
+    else return detail::conv2d_impl<Out, Act>(tape, x, weight_.data(), None(), g);
+  }
+
+  ag::Var<T, Space, Cout, Cin, Kernel, Kernel> weight_;
+  [[no_unique_address]] std::conditional_t<Bias, ag::Var<T, Space, Cout>, std::nullptr_t> bias_;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,199 @@
+// kiln/nn/pool.hpp — pooling layers on [N, C, H, W], PyTorch's semantics (floor mode; max pool's
+// first maximum wins ties and NaN propagates; average pool's count_include_pad):
+//   MaxPool2d<Kernel, Stride = Kernel, Padding = 0>
+//   AvgPool2d<Kernel, Stride = Kernel, Padding = 0, CountIncludePad = true>
+//   GlobalAvgPool: [N, C, H, W] -> [N, C] (AdaptiveAvgPool2d(1) + Flatten in PyTorch).
+// Each is ONE pass forward and ONE backward (when the input needs a gradient); max pool keeps
+// its argmax for backward. CPU backend (kiln/backend/cpu/pool2d.hpp); the CUDA path (cuDNN) is
+// not written yet.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kiln/backend/cpu/pool2d.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/nn/sample_shape.hpp"
+
+namespace kiln::nn {
+
+namespace detail {
+
+template <class Layer, class In>
+struct pool_accepts {
+  static_assert(dependent_false<In>,
+                "kiln::nn: a pooling layer needs an image input [C, H, W] (pool_accepts<Layer, sample<...>> names the "
+                "sizes)");
+  using type = In;
+};
+template <class Layer>
+struct pool_accepts<Layer, any_sample> {
+  using type = any_sample;
+};
+template <class Layer, index_t C, index_t H, index_t W>
+struct pool_accepts<Layer, sample<C, H, W>> {
+  static_assert((H == dyn || H + 2 * Layer::padding >= Layer::kernel) &&
+                    (W == dyn || W + 2 * Layer::padding >= Layer::kernel),
+                "kiln::nn: the image (plus padding) is smaller than the pooling window (pool_accepts<Layer, "
+                "sample<C, H, W>> names the sizes)");
+  using type = sample<C, window_output(H, Layer::kernel, Layer::stride, Layer::padding),
+                      window_output(W, Layer::kernel, Layer::stride, Layer::padding)>;
+};
+
+template <class Exec, class S>
+void check_pool_space() {
+  static_assert(std::is_same_v<S, typename Exec::space>, "kiln::nn: the input must live in the executor's memory space");
+  static_assert(std::is_same_v<S, host>,
+                "kiln::nn: pooling runs on the CPU backend (kiln::host) today; its CUDA path (cuDNN) is not written yet");
+}
+
+// Adds the gradient computed by `compute(dst)` into xd's gradient (or writes it when none is
+// valid yet).
+template <class Node, class F>
+void put_input_grad(Node& xd, const F& compute) {
+  const index_t n = xd.value.size();
+  if (xd.grad_valid) {
+    std::vector<typename std::remove_reference_t<decltype(*xd.value.data())>> tmp(static_cast<std::size_t>(n));
+    compute(tmp.data());
+    auto* g = xd.ensure_grad();
+    for (index_t i = 0; i < n; ++i) g[i] += tmp[std::size_t(i)];
+  } else {
+    compute(xd.ensure_grad());
+  }
+  xd.grad_valid = true;
+}
+
+// The shared body of MaxPool2d and AvgPool2d.
+template <class Layer, bool Max, class Exec, class T, class S, index_t B, index_t C, index_t H, index_t W>
+auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) {
+  check_pool_space<Exec, S>();
+  using Out = batch_var_t<T, S, B, typename pool_accepts<Layer, sample<C, H, W>>::type>;
+  const Shape xs = x.shape();
+  KILN_CHECK(xs.rank == 4, ShapeError, Layer::describe(), ": the input must be [N, C, H, W], got ", xs.str());
+  const cpu::Pool2dShape s{.n = xs[0], .c = xs[1], .h = xs[2], .w = xs[3], .kh = Layer::kernel, .kw = Layer::kernel,
+                           .stride_h = Layer::stride, .stride_w = Layer::stride, .pad_h = Layer::padding,
+                           .pad_w = Layer::padding};
+  s.check(Layer::name);
+  Out out{typename Out::tensor_type(Shape{s.n, s.c, s.out_h(), s.out_w()})};
+  const index_t y_size = out.value().size();
+  const std::size_t bytes = std::size_t(xs.size() + y_size) * sizeof(T);
+  tape.exec().stats().count(kind::other, Layer::name, y_size, bytes);
+  const bool record = x.requires_grad() && tape.recording();
+  auto argmax = std::make_shared<std::vector<std::int64_t>>(Max && record ? std::size_t(y_size) : 0);
+  if constexpr (Max) {
+    cpu::max_pool2d_forward(s, x.value().data(), out.value().data(), argmax->empty() ? nullptr : argmax->data());
+  } else {
+    cpu::avg_pool2d_forward(s, x.value().data(), out.value().data(), Layer::count_include_pad);
+  }
+  if (!record) return out;
+  out.set_requires_grad(true);
+  tape.record(out, {x.data()}, [xd = x.data(), argmax, s, bytes](Exec& exec, auto& od) {
+    if (!od.grad_valid || !xd->requires_grad) return;
+    exec.stats().count(kind::other, std::string(Layer::name) + "_backward", xd->value.size(), bytes);
+    const T* G = od.grad.data();
+    put_input_grad(*xd, [&](T* dx) {
+      if constexpr (Max) cpu::max_pool2d_backward(s, G, argmax->data(), dx);
+      else cpu::avg_pool2d_backward(s, G, dx, Layer::count_include_pad);
+    });
+  });
+  return out;
+}
+
+}  // namespace detail
+
+template <index_t Kernel, index_t Stride = Kernel, index_t Padding = 0>
+struct MaxPool2d {
+  static_assert(Kernel > 0 && Stride > 0 && Padding >= 0 && 2 * Padding <= Kernel,
+                "kiln::nn::MaxPool2d<Kernel, Stride, Padding>: kernel and stride must be positive and padding at "
+                "most half the kernel");
+  static constexpr index_t kernel = Kernel, stride = Stride, padding = Padding;
+  static constexpr const char* name = "max_pool2d";
+  template <class In>
+  using output_sample = typename detail::pool_accepts<MaxPool2d, In>::type;
+
+  template <class Exec, class T, class S, index_t B, index_t C, index_t H, index_t W>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) const {
+    return detail::pool2d<MaxPool2d, true>(tape, x);
+  }
+  static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
+  static std::string describe() {
+    return "MaxPool2d<" + std::to_string(Kernel) + (Stride != Kernel ? ", stride " + std::to_string(Stride) : "") +
+           (Padding ? ", pad " + std::to_string(Padding) : "") + ">";
+  }
+};
+
+template <index_t Kernel, index_t Stride = Kernel, index_t Padding = 0, bool CountIncludePad = true>
+struct AvgPool2d {
+  static_assert(Kernel > 0 && Stride > 0 && Padding >= 0 && 2 * Padding <= Kernel,
+                "kiln::nn::AvgPool2d<Kernel, Stride, Padding>: kernel and stride must be positive and padding at "
+                "most half the kernel");
+  static constexpr index_t kernel = Kernel, stride = Stride, padding = Padding;
+  static constexpr bool count_include_pad = CountIncludePad;
+  static constexpr const char* name = "avg_pool2d";
+  template <class In>
+  using output_sample = typename detail::pool_accepts<AvgPool2d, In>::type;
+
+  template <class Exec, class T, class S, index_t B, index_t C, index_t H, index_t W>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) const {
+    return detail::pool2d<AvgPool2d, false>(tape, x);
+  }
+  static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
+  static std::string describe() {
+    return "AvgPool2d<" + std::to_string(Kernel) + (Stride != Kernel ? ", stride " + std::to_string(Stride) : "") +
+           (Padding ? ", pad " + std::to_string(Padding) : "") + (CountIncludePad ? ">" : ", exclude pad>");
+  }
+};
+
+namespace detail {
+template <class In>
+struct global_pool_accepts {
+  static_assert(dependent_false<In>,
+                "kiln::nn::GlobalAvgPool: the input must be an image [C, H, W] (global_pool_accepts<sample<...>> "
+                "names the sizes)");
+  using type = In;
+};
+template <>
+struct global_pool_accepts<any_sample> {
+  using type = any_sample;
+};
+template <index_t C, index_t H, index_t W>
+struct global_pool_accepts<sample<C, H, W>> {
+  using type = sample<C>;
+};
+}  // namespace detail
+
+// The mean of every channel's plane: [N, C, H, W] -> [N, C].
+struct GlobalAvgPool {
+  template <class In>
+  using output_sample = typename detail::global_pool_accepts<In>::type;
+
+  template <class Exec, class T, class S, index_t B, index_t C, index_t H, index_t W>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) const {
+    detail::check_pool_space<Exec, S>();
+    using Out = ag::Var<T, S, B, C>;
+    const Shape xs = x.shape();
+    const index_t n = xs[0], c = xs[1], h = xs[2], w = xs[3];
+    KILN_CHECK(xs.rank == 4 && xs.size() > 0, ShapeError, "GlobalAvgPool: the input must be a non-empty [N, C, H, W], got ",
+               xs.str());
+    Out out{typename Out::tensor_type(Shape{n, c})};
+    const std::size_t bytes = std::size_t(xs.size() + n * c) * sizeof(T);
+    tape.exec().stats().count(kind::reduce, "global_avg_pool", n * c, bytes);
+    cpu::global_avg_pool_forward(n, c, h, w, x.value().data(), out.value().data());
+    if (!x.requires_grad() || !tape.recording()) return out;
+    out.set_requires_grad(true);
+    tape.record(out, {x.data()}, [xd = x.data(), n, c, h, w, bytes](Exec& exec, auto& od) {
+      if (!od.grad_valid || !xd->requires_grad) return;
+      exec.stats().count(kind::other, "global_avg_pool_backward", xd->value.size(), bytes);
+      const T* G = od.grad.data();
+      detail::put_input_grad(*xd, [&](T* dx) { cpu::global_avg_pool_backward(n, c, h, w, G, dx); });
+    });
+    return out;
+  }
+  static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
+  static std::string describe() { return "GlobalAvgPool"; }
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,113 @@
+// kiln/nn/residual.hpp — a skip connection around a sub-model: y = body(x) + shortcut(x).
+//
+//   using Block = nn::Residual<nn::Sequential<nn::Conv2d<64, 64, 3, 1, 1>, nn::BatchNorm2d<64>, nn::ReLU,
+//                                             nn::Conv2d<64, 64, 3, 1, 1>, nn::BatchNorm2d<64>>>;
+//   using Down  = nn::Residual<Body, nn::Conv2d<64, 128, 1, 2>>;   // with a projection
+//
+// Shortcut is void (the identity: x itself) or a layer — a projection such as a 1x1 Conv2d — when
+// the body changes the shape. The body's and the shortcut's output samples must agree (a
+// static_assert naming both). The sum is ONE fused kernel, its backward ONE kernel that hands the
+// gradient to both branches; the gradient of x is the sum of both branches' contributions (the
+// tape adds them). Parameters, modes and launch counts are the body's and the shortcut's.
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include "kiln/autograd/map.hpp"
+#include "kiln/core/random.hpp"
+#include "kiln/expr/elementwise.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/nn/sample_shape.hpp"
+#include "kiln/nn/sequential.hpp"
+
+namespace kiln::nn {
+
+namespace detail {
+struct IdentityShortcut {
+  template <class In>
+  using output_sample = In;
+  template <class Exec, class X>
+  const X& forward(ag::Tape<Exec>&, const X& x) const {
+    return x;
+  }
+  static constexpr Launches launches(const LaunchContext&) { return {}; }
+  static std::string describe() { return "identity"; }
+};
+
+template <class A, class B>
+struct residual_branches_agree {
+  static constexpr bool value = true;
+};
+template <index_t... A, index_t... B>
+struct residual_branches_agree<sample<A...>, sample<B...>> {
+  static_assert(sizeof...(A) == sizeof...(B) && ((A == dyn || B == dyn || A == B) && ...),
+                "kiln::nn::Residual: the body's output and the shortcut's differ in shape; give the block a "
+                "projection (residual_branches_agree<sample<body...>, sample<shortcut...>> names both)");
+  static constexpr bool value = true;
+};
+}  // namespace detail
+
+template <class Body, class Shortcut = void>
+class Residual {
+  using SC = std::conditional_t<std::is_void_v<Shortcut>, detail::IdentityShortcut, Shortcut>;
+
+ public:
+  template <class In>
+  using output_sample = std::enable_if_t<
+      detail::residual_branches_agree<output_sample_t<Body, In>, output_sample_t<SC, In>>::value,
+      output_sample_t<Body, In>>;
+  using value_type = typename Body::value_type;
+  using space = typename Body::space;
+  template <class S>
+  using on = Residual<typename detail::rebind_space<Body, S>::type, typename detail::rebind_space<Shortcut, S>::type>;
+  static constexpr bool has_projection = !std::is_void_v<Shortcut>;
+
+  explicit Residual(Generator& gen) : body_(detail::make_layer<Body>(gen)), shortcut_(detail::make_layer<SC>(gen)) {}
+  explicit Residual(std::uint64_t seed = 0) : Residual(lvalue(Generator(seed))) {}
+
+  template <class Exec, class X>
+  auto forward(ag::Tape<Exec>& tape, const X& x) {
+    const auto a = body_.forward(tape, x);
+    const auto& b = shortcut_.forward(tape, x);
+    return ag::map(tape, a + b);
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) const {
+    if constexpr (requires { body_.for_each_parameter(f); }) body_.for_each_parameter(f);
+    if constexpr (requires { shortcut_.for_each_parameter(f); }) shortcut_.for_each_parameter(f);
+  }
+  void train(bool on = true) {
+    if constexpr (requires { body_.train(on); }) body_.train(on);
+    if constexpr (requires { shortcut_.train(on); }) shortcut_.train(on);
+    training_ = on;
+  }
+  bool training() const { return training_; }
+
+  // The branches' launches plus the sum: ONE kernel forward, ONE backward.
+  static constexpr Launches launches(const LaunchContext& c) {
+    Launches l = Body::launches(c);
+    l += SC::launches(c);
+    l += Launches{1, 1};
+    return l;
+  }
+  static constexpr index_t parameter_tensors =
+      detail::parameter_tensors_of<Body>() + detail::parameter_tensors_of<SC>();
+
+  std::string describe() const {
+    return "Residual(" + detail::describe_layer(body_) + (has_projection ? " + " + detail::describe_layer(shortcut_) : "") +
+           ")";
+  }
+  Body& body() { return body_; }
+  SC& shortcut() { return shortcut_; }
+
+ private:
+  static Generator& lvalue(Generator&& g) { return g; }
+
+  Body body_;
+  SC shortcut_;
+  bool training_ = true;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,10 @@
+// expect: the body's output and the shortcut's differ in shape
+// A residual body that changes the channels needs a projection shortcut.
+#include <kiln/train.hpp>
+
+namespace nn = kiln::nn;
+
+int main() {
+  nn::Sequential<nn::Unflatten<8, 6, 6>, nn::Residual<nn::Sequential<nn::Conv2d<8, 16, 3, 1, 1>>>> model;
+  return int(model.parameter_count());
+}
