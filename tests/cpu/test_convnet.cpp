@@ -3,6 +3,7 @@
 // they wrap (which have their own fp64 references in test_conv2d / test_batchnorm2d /
 // test_pool2d), every gradient against central differences in fp64, launch counts, modes.
 #include <kiln/autograd/gradcheck.hpp>
+#include <kiln/models/convnets.hpp>
 #include <kiln/train.hpp>
 
 #include <doctest/doctest.h>
@@ -34,10 +35,7 @@ GradcheckInput input(index_t rows, index_t cols, std::uint64_t seed, double lo =
     CHECK_MESSAGE(res_.ok, res_.report); \
   } while (0)
 
-// The digits CNN of examples/train_cnn_digits.
-using DigitsCnn = nn::Sequential<nn::Unflatten<1, 20, 20>, nn::Conv2d<1, 16, 3, 1, 1>, nn::BatchNorm2d<16>, nn::ReLU,
-                                 nn::MaxPool2d<2>, nn::Conv2d<16, 32, 3, 1, 1>, nn::BatchNorm2d<32>, nn::ReLU,
-                                 nn::MaxPool2d<2>, nn::Flatten, nn::Linear<800, 128>, nn::ReLU, nn::Linear<128, 10>>;
+using DigitsCnn = models::DigitsCnn;
 
 }  // namespace
 
@@ -193,6 +191,25 @@ TEST_CASE("a CNN training step launches what the model's type predicts") {
   CHECK(rep.predicted > 0);
   const auto losses = step.take_losses(true);
   CHECK(losses.size() == 3);
+}
+
+TEST_CASE("a ResNet-9 (residual blocks, global pooling) trains a step with the predicted launches") {
+  using Model = models::ResNet9<4>;  // width 4: the examples' network, small enough for a test
+  static_assert(std::is_same_v<nn::output_sample_t<Model, nn::any_sample>, nn::sample<10>>);
+  CpuExecutor exec(2);
+  Model model(3);
+  optim::AdamW opt(model, {.lr = 1e-3});
+  train::Step step(model, opt, exec, policy<>{});
+  kiln_step_test::OwnedBatch batch{std::vector<float>(4 * 3072), std::vector<std::int32_t>{1, 4, 7, 9}, 3072};
+  Generator gen(8);
+  for (float& v : batch.x) v = gen.uniform(-1.f, 1.f);
+  const auto before = kiln_step_test::values_of(model);
+  step.record_next_step();
+  step(batch.batch());
+  const auto rep = train::report(step);
+  CHECK(rep.kernels_per_step == doctest::Approx(double(rep.predicted)));
+  CHECK(kiln_step_test::values_of(model) != before);  // every layer's parameters reached the optimizer
+  CHECK(std::isfinite(step.take_losses(true).at(0)));
 }
 
 TEST_CASE("convolutional layers reject inputs that do not fit, naming the shapes") {

@@ -207,6 +207,29 @@ TEST_CASE_TEMPLATE("max_pool2d propagates NaN", T, float, double) {
   CHECK(arg[3 * 4 + 3 * 3 + 0] == 6 * 5 + 0);
 }
 
+TEST_CASE_TEMPLATE("max_pool2d's 2x2 stride-2 path keeps NaN and tie rules", T, float, double) {
+  // One window per case (a 2x8 input gives four 2x2 windows); positions in window order 0..3.
+  Pool2dShape s{.n = 1, .c = 1, .h = 2, .w = 8, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
+  const double inf = INFINITY;
+  // Windows: NaN last after +inf; two NaNs (the first wins); a tie between positions 1 and 2;
+  // NaN first.
+  const double win[4][4] = {{1, inf, 0, NAN}, {2, NAN, NAN, 3}, {0, 5, 5, -1}, {NAN, 9, 9, 9}};
+  std::vector<double> xd(16);
+  for (int w = 0; w < 4; ++w)
+    for (int k = 0; k < 4; ++k) xd[std::size_t((k / 2) * 8 + 2 * w + k % 2)] = win[w][k];
+  const MaxRef ref = max_ref(s, xd);
+  const std::vector<T> x = cast<T>(xd);
+  std::vector<T> y(4);
+  std::vector<std::int64_t> arg(4);
+  kiln::cpu::max_pool2d_forward(s, x.data(), y.data(), arg.data());
+  CHECK(arg == ref.arg);
+  CHECK(arg == std::vector<std::int64_t>{9, 3, 5, 6});
+  CHECK(std::isnan(y[0]));
+  CHECK(std::isnan(y[1]));
+  CHECK(y[2] == T(5));
+  CHECK(std::isnan(y[3]));
+}
+
 TEST_CASE_TEMPLATE("avg_pool2d matches the reference for both divisors", T, float, double) {
   std::mt19937_64 rng(11);
   const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-12;

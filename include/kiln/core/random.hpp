@@ -8,8 +8,8 @@
 // Layout of the 128-bit Philox counter: words 0-1 hold offset / 4 (each block gives four 32-bit
 // words, and offset % 4 picks one, so a kernel that makes four values per call matches one that
 // makes one), word 2 holds the caller's stream, word 3 tells bits/uniform (0) from normal (1)
-// so the two families never reuse each other's bits. Streams 0x80000000 and above are kiln's
-// own (the data loader's shuffles use them).
+// and data augmentation (2, kiln/data/augment.hpp), so the families never reuse each other's
+// bits. Streams 0x80000000 and above are kiln's own (the data loader's shuffles use them).
 #pragma once
 
 #include <kiln/config.hpp>

@@ -94,6 +94,7 @@ class BatchNorm2d {
     static_assert(requires { typename Act::functor; },
                   "kiln::nn::BatchNorm2d::forward_fused<Act>: the activation must name its kiln::fn functor "
                   "(kiln::nn::Activation<F>)");
+    if (tape.force_eager()) return Act{}.forward(tape, run<fn::Identity>(tape, x));  // two kernels, as asked
     return run<typename Act::functor>(tape, x);
   }
 
@@ -113,9 +114,14 @@ class BatchNorm2d {
   double eps() const { return eps_; }
   double momentum() const { return momentum_; }
 
+  // ONE pass each way, the activation included; force_eager runs it as its own kernel each way.
   template <class Act = void>
-  static constexpr Launches launches_fused(const LaunchContext&) {
-    return {1, 1};
+  static constexpr Launches launches_fused(const LaunchContext& c) {
+    constexpr bool act = [] {
+      if constexpr (std::is_void_v<Act>) return false;
+      else return !is_identity_act_v<typename Act::functor>;
+    }();
+    return {1 + index_t(act && c.eager), 1 + index_t(act && c.eager)};
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   static constexpr index_t parameter_tensors = 2;

@@ -238,6 +238,7 @@ class Conv2d {
     static_assert(requires { typename Act::functor; },
                   "kiln::nn::Conv2d::forward_fused<Act>: the activation must name its kiln::fn functor "
                   "(kiln::nn::Activation<F>)");
+    if (tape.force_eager()) return Act{}.forward(tape, run<fn::Identity>(tape, x));  // two kernels, as asked
     return run<typename Act::functor>(tape, x);
   }
 
@@ -249,7 +250,8 @@ class Conv2d {
       if constexpr (std::is_void_v<Act>) return false;
       else return !is_identity_act_v<typename Act::functor>;
     }();
-    return {1, index_t(act) + 1 + (c.input_grad ? 1 : 0)};
+    // force_eager runs the activation as its own kernel each way instead of in the epilogue.
+    return {1 + index_t(act && c.eager), index_t(act) + 1 + (c.input_grad ? 1 : 0)};
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   static constexpr index_t parameter_tensors = Bias ? 2 : 1;

@@ -92,7 +92,8 @@ constexpr bool has_functor() {
 // A layer's one-line description: its describe() when it has one, else "layer".
 template <class L>
 std::string describe_layer(const L& l) {
-  if constexpr (requires { l.describe(); }) return std::string(l.describe());
+  if constexpr (requires { l.describe_nested(); }) return std::string(l.describe_nested());
+  else if constexpr (requires { l.describe(); }) return std::string(l.describe());
   else if constexpr (requires { typename L::functor; }) return std::string(L::functor::name);
   else return "layer";
 }
@@ -374,6 +375,13 @@ class Sequential {
       grouped += count[i];
     }
     return out + " (" + grouped + " parameters)";
+  }
+
+  // As a layer of an enclosing model: its layers in brackets, e.g. "[Conv2d<3, 8, 3> -> ReLU]".
+  std::string describe_nested() const {
+    std::string out;
+    describe_layers(out, std::index_sequence_for<Layers...>{});
+    return "[" + out.substr(1) + "]";
   }
 
   // Runs layer I on x (used by the forward fold).

@@ -23,6 +23,7 @@
 // Runs on the calling thread.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -50,27 +51,11 @@ inline void batchnorm2d_check_eps(const char* fn, double eps) {
              ": eps must be finite and >= 0, got eps=", eps);
 }
 
-// Mean and biased variance of channel ch, in double.
+// Mean and biased variance of channel ch: two passes (mean, then centred squares), each plane
+// summed in T over lanes and the planes added in double (batchnorm2d_lane_sums).
 template <class T>
 void batchnorm2d_channel_stats(index_t n, index_t c, index_t hw, const T* x, index_t ch,
-                               double& mean, double& var) {
-  double sum = 0.0;
-  for (index_t i = 0; i < n; ++i) {
-    const T* p = x + (i * c + ch) * hw;
-    for (index_t j = 0; j < hw; ++j) sum += double(p[j]);
-  }
-  const double m = double(n * hw);
-  mean = sum / m;
-  double sq = 0.0;
-  for (index_t i = 0; i < n; ++i) {
-    const T* p = x + (i * c + ch) * hw;
-    for (index_t j = 0; j < hw; ++j) {
-      const double d = double(p[j]) - mean;
-      sq += d * d;
-    }
-  }
-  var = sq / m;
-}
+                               double& mean, double& var);
 
 // y = act((x - mean) * scale + shift) over channel ch, computed in T (mean, scale and shift
 // rounded once); subtracting first keeps a constant channel at exactly shift, as PyTorch.
@@ -82,6 +67,60 @@ void batchnorm2d_channel_affine(index_t n, index_t c, index_t hw, const T* x, in
     const index_t off = (i * c + ch) * hw;
     for (index_t j = 0; j < hw; ++j) y[off + j] = act(T((x[off + j] - m) * a + b));
   }
+}
+
+// a += sum of u, b += sum of v over f(j, u, v) for j < len: 16 lanes in T, then the lanes in
+// double — a plane's sums vectorise without -ffast-math, and the plane is short enough for T.
+template <class T, class F>
+void batchnorm2d_lane_sums(index_t len, double& a, double& b, const F& f) {
+  constexpr index_t lanes = 16;
+  T ua[lanes] = {}, va[lanes] = {};
+  index_t j = 0;
+  for (; j + lanes <= len; j += lanes)
+    for (index_t l = 0; l < lanes; ++l) {
+      T u, v;
+      f(j + l, u, v);
+      ua[l] += u;
+      va[l] += v;
+    }
+  for (; j < len; ++j) {
+    T u, v;
+    f(j, u, v);
+    a += double(u);
+    b += double(v);
+  }
+  for (index_t l = 0; l < lanes; ++l) {
+    a += double(ua[l]);
+    b += double(va[l]);
+  }
+}
+
+template <class T>
+void batchnorm2d_channel_stats(index_t n, index_t c, index_t hw, const T* x, index_t ch,
+                               double& mean, double& var) {
+  double sum = 0.0, unused = 0.0;
+  for (index_t i = 0; i < n; ++i) {
+    const T* p = x + (i * c + ch) * hw;
+    batchnorm2d_lane_sums<T>(hw, sum, unused, [&](index_t j, T& u, T& v) {
+      u = p[j];
+      v = T(0);
+    });
+  }
+  const double m = double(n * hw);
+  mean = sum / m;
+  const T mu = T(mean);
+  double sq = 0.0, shift = 0.0;
+  for (index_t i = 0; i < n; ++i) {
+    const T* p = x + (i * c + ch) * hw;
+    batchnorm2d_lane_sums<T>(hw, sq, shift, [&](index_t j, T& u, T& v) {
+      const T d = p[j] - mu;
+      u = d * d;
+      v = d;
+    });
+  }
+  // mu is mean rounded to T: sum((x - mu)^2) / m - (sum(x - mu) / m)^2 corrects for it.
+  const double dm = shift / m;
+  var = std::max(0.0, sq / m - dm * dm);
 }
 
 // f(ch) for every channel, split across threads (channels are independent, so the result does
@@ -202,28 +241,31 @@ void batchnorm2d_backward(index_t n, index_t c, index_t hw, const T* x, const T*
     const T zm = T(mean), zs = T(invstd * g), zb = T(beta ? double(beta[ch]) : 0.0);
     // dz at one element: dy, or dy * act'(z) with z recomputed as the forward did.
     auto dz = [&](index_t i) {
-      if constexpr (has_act) return double(dy[i] * act.d(T((x[i] - zm) * zs + zb)));
-      else return double(dy[i]);
+      if constexpr (has_act) return T(dy[i] * act.d(T((x[i] - zm) * zs + zb)));
+      else return dy[i];
     };
-    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    // sum(dz) and sum(dz * (x - mean)): per plane in T over lanes (vectorised), planes added in
+    // double.
+    double sum_dy = 0.0, sum_dy_xm = 0.0;
     for (index_t i = 0; i < n; ++i) {
       const index_t off = (i * c + ch) * hw;
-      for (index_t j = 0; j < hw; ++j) {
-        const double d = dz(off + j);
-        sum_dy += d;
-        sum_dy_xhat += d * (double(x[off + j]) - mean) * invstd;
-      }
+      double a = 0.0, b = 0.0;
+      detail::batchnorm2d_lane_sums<T>(hw, a, b, [&](index_t j, T& u, T& v) {
+        u = dz(off + j);
+        v = u * (x[off + j] - zm);
+      });
+      sum_dy += a;
+      sum_dy_xm += b;
     }
+    const double sum_dy_xhat = sum_dy_xm * invstd;
     if (dbeta) dbeta[ch] = T(sum_dy);
     if (dgamma) dgamma[ch] = T(sum_dy_xhat);
     if (!dx) return;
-    const double k = g * invstd, mean_dy = sum_dy / m, mean_dy_xhat = sum_dy_xhat / m;
+    // dx = k * (dz - mean_dy - (x - mean) * invstd * mean_dy_xhat), in T.
+    const T k = T(g * invstd), mean_dy = T(sum_dy / m), slope = T(invstd * sum_dy_xhat / m);
     for (index_t i = 0; i < n; ++i) {
       const index_t off = (i * c + ch) * hw;
-      for (index_t j = 0; j < hw; ++j) {
-        const double xhat = (double(x[off + j]) - mean) * invstd;
-        dx[off + j] = T(k * (dz(off + j) - mean_dy - xhat * mean_dy_xhat));
-      }
+      for (index_t j = 0; j < hw; ++j) dx[off + j] = k * (dz(off + j) - mean_dy - (x[off + j] - zm) * slope);
     }
   });
 }

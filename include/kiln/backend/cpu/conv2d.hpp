@@ -95,8 +95,15 @@ inline TapRange tap_range(index_t ow_n, index_t stride, index_t pad, index_t tap
 
 // Columns of image x_n into col, whose rows are ld apart:
 // col[(c*KH + i)*KW + j][oh*OW + ow] = x_n[c][oh*sh - ph + i*dh][ow*sw - pw + j*dw] (0 outside).
+// Its rows are short (a few dozen values), so plain loops beat memcpy / memset calls; GCC would
+// turn them back into such calls, hence the attribute.
+#if defined(__GNUC__) && !defined(__clang__)
+#define KILN_CONV_INLINE_COPIES __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define KILN_CONV_INLINE_COPIES
+#endif
 template <class T>
-void im2col(const Conv2dShape& s, const T* x, T* col, index_t ld) {
+KILN_CONV_INLINE_COPIES void im2col(const Conv2dShape& s, const T* x, T* col, index_t ld) {
   const index_t oh_n = s.out_h(), ow_n = s.out_w();
   for (index_t c = 0; c < s.c_in; ++c)
     for (index_t i = 0; i < s.kh; ++i)
@@ -107,17 +114,17 @@ void im2col(const Conv2dShape& s, const T* x, T* col, index_t ld) {
           const index_t ih = oh * s.stride_h - s.pad_h + i * s.dil_h;
           T* out = row + oh * ow_n;
           if (ih < 0 || ih >= s.h) {
-            std::fill(out, out + ow_n, T(0));
+            for (index_t ow = 0; ow < ow_n; ++ow) out[ow] = T(0);
             continue;
           }
           const T* in = x + (c * s.h + ih) * s.w - s.pad_w + j * s.dil_w;
-          std::fill(out, out + r.lo, T(0));
+          for (index_t ow = 0; ow < r.lo; ++ow) out[ow] = T(0);
           if (s.stride_w == 1) {
-            std::copy(in + r.lo, in + r.hi, out + r.lo);
+            for (index_t ow = r.lo; ow < r.hi; ++ow) out[ow] = in[ow];
           } else {
             for (index_t ow = r.lo; ow < r.hi; ++ow) out[ow] = in[ow * s.stride_w];
           }
-          std::fill(out + r.hi, out + ow_n, T(0));
+          for (index_t ow = r.hi; ow < ow_n; ++ow) out[ow] = T(0);
         }
       }
 }

@@ -78,6 +78,36 @@ inline PoolWindow pool_window(const Pool2dShape& s, index_t oh, index_t ow) {
           std::min(w1, s.w), (h1 - h0) * (w1 - w0)};
 }
 
+// Max pooling with a 2x2 window and stride 2, no padding: the same results as the general loop
+// (row-major window order, the first maximum wins ties, the first NaN wins over everything).
+template <class T>
+void max_pool2x2(const Pool2dShape& s, const T* x, T* y, std::int64_t* argmax) {
+  const index_t oh_n = s.out_h(), ow_n = s.out_w(), hw = s.h * s.w, ohw = oh_n * ow_n;
+  for (index_t p = 0; p < s.n * s.c; ++p) {
+    const T* xp = x + p * hw;
+    T* yp = y + p * ohw;
+    std::int64_t* ap = argmax ? argmax + p * ohw : nullptr;
+    for (index_t oh = 0; oh < oh_n; ++oh) {
+      const T* r0 = xp + 2 * oh * s.w;
+      const T* r1 = r0 + s.w;
+      for (index_t ow = 0; ow < ow_n; ++ow) {
+        const T v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
+        T best = v[0];
+        std::int64_t at = 0;
+        for (int k = 1; k < 4; ++k) {
+          // Taken when larger, or a NaN while the best so far is not one. Bitwise & and |, not
+          // && and ||: no branches, so the loop over ow vectorises.
+          const bool take = (v[k] > best) | ((v[k] != v[k]) & (best == best));
+          best = take ? v[k] : best;
+          at = take ? std::int64_t((k / 2) * s.w + k % 2) : at;
+        }
+        yp[oh * ow_n + ow] = best;
+        if (ap) ap[oh * ow_n + ow] = 2 * oh * s.w + 2 * ow + at;
+      }
+    }
+  }
+}
+
 }  // namespace detail
 
 // y = max over each window. argmax may be nullptr; else it gets y's shape (int64, h*W + w).
@@ -86,6 +116,10 @@ void max_pool2d_forward(const Pool2dShape& s, const T* x, T* y, std::int64_t* ar
   static_assert(detail::pool2d_type_ok<T>, "kiln::cpu pooling: T must be float or double");
   s.check("kiln::cpu::max_pool2d_forward");
   const index_t oh_n = s.out_h(), ow_n = s.out_w(), hw = s.h * s.w, ohw = oh_n * ow_n;
+  if (s.kh == 2 && s.kw == 2 && s.stride_h == 2 && s.stride_w == 2 && s.pad_h == 0 && s.pad_w == 0) {
+    detail::max_pool2x2(s, x, y, argmax);  // the common case, without the window arithmetic
+    return;
+  }
   for (index_t p = 0; p < s.n * s.c; ++p) {
     const T* xp = x + p * hw;
     for (index_t oh = 0; oh < oh_n; ++oh)

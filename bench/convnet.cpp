@@ -1,0 +1,146 @@
+// bench/convnet — one training step (forward, cross-entropy, backward, AdamW) of the two reference
+// convnets (kiln/models/convnets.hpp: DigitsCnn on 20x20 digits, ResNet9<32> on 32x32 RGB) on the
+// CPU backend at batch 64 and 256, side by side with PyTorch eager and torch.compile
+// (bench/torch_convnet.py, the same layers) run in the same process tree BEFORE kiln's runs, with
+// the same --threads.
+//
+// Output, JSON lines: the peer's own lines first (versions, BLAS, thread limits, or a "skipped"
+// reason); then per model and batch
+//   kiln:     bench, backend ("cpu"), model, batch, threads, kiln_ms, images_per_s, epoch_s (digits:
+//             the 4,000-image training set), kernels_per_step, steps;
+//   per peer: bench, model, batch, threads, kiln_ms, peer ("torch_eager", "torch_compiled"),
+//             peer_ms, speedup (peer_ms / kiln_ms).
+// Medians over --seconds of steps per measurement after warm-up steps.
+//
+//   build/bench/convnet [--threads 1] [--seconds 2] [--models digits_cnn,resnet9_w32]
+//                       [--batches 64,256] [--python PY|none]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kiln/models/convnets.hpp"
+#include "kiln/train.hpp"
+
+#include "mlp_step.hpp"
+
+namespace {
+
+using kiln::index_t;
+using kiln_bench::median;
+
+struct KilnResult {
+  double ms;
+  double kernels;
+  int steps;
+};
+
+// Median step of Model at `batch` over random inputs in [-1, 1) and random labels.
+template <class Model>
+KilnResult kiln_steps(index_t batch, int threads, double seconds) {
+  kiln::CpuExecutor exec(threads);
+  Model model(0);
+  kiln::optim::AdamW opt(model, {.lr = 1e-3});
+  kiln::train::Step step(model, opt, exec, kiln::policy<>{});
+  const index_t dim = Model::in_features;
+  std::vector<float> x(static_cast<std::size_t>(batch * dim));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
+  kiln::Generator gen(1);
+  for (auto& v : x) v = gen.uniform(-1.f, 1.f);
+  for (auto& v : y) v = std::int32_t(gen.below(10));
+  kiln::data::Batch b;
+  b.features = x;
+  b.labels = y;
+  b.size = batch;
+  b.dim = dim;
+  for (int i = 0; i < 3; ++i) step(b);  // warm-up: scratch and allocations reach their sizes
+  step.take_losses();
+  std::vector<double> times;
+  const auto start = std::chrono::steady_clock::now();
+  const std::size_t launches0 = exec.stats().launches();
+  while (times.size() < 3 || (times.size() < 200 && std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                                                    start).count() < seconds)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step(b);
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    step.take_losses();  // bounded: losses are read every step, as a training loop would
+  }
+  const double kernels = double(exec.stats().launches() - launches0) / double(times.size());
+  return {median(times), kernels, int(times.size())};
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  return out;
+}
+
+struct PeerTime {
+  std::string model, peer;
+  long batch;
+  double ms;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 1;
+  double seconds = 2.0;
+  std::string models = "digits_cnn,resnet9_w32", batches = "64,256", python = kiln_bench::default_python();
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--threads") threads = std::atoi(argv[i + 1]);
+    else if (a == "--seconds") seconds = std::atof(argv[i + 1]);
+    else if (a == "--models") models = argv[i + 1];
+    else if (a == "--batches") batches = argv[i + 1];
+    else if (a == "--python") python = argv[i + 1];
+    else {
+      std::fprintf(stderr, "convnet: unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  std::vector<PeerTime> peers;
+  if (python != "none") {
+    const std::string args = "--threads " + std::to_string(threads) + " --models " + models + " --batches " +
+                             batches + " --seconds " + std::to_string(seconds);
+    const auto lines = kiln_bench::peer_lines(python, "torch_convnet.py", args);
+    if (lines.empty())
+      std::printf("{\"bench\": \"convnet\", \"peer\": \"torch\", \"skipped\": \"%s printed nothing\"}\n",
+                  python.c_str());
+    for (const auto& l : lines) {
+      std::printf("%s\n", l.c_str());
+      const std::string ms = kiln_bench::json_field(l, "median_ms");
+      if (!ms.empty() && ms != "null")
+        peers.push_back({kiln_bench::json_field(l, "model"), kiln_bench::json_field(l, "peer"),
+                         std::atol(kiln_bench::json_field(l, "batch").c_str()), std::atof(ms.c_str())});
+    }
+    std::fflush(stdout);
+  }
+  for (const std::string& model : split(models))
+    for (const std::string& bs : split(batches)) {
+      const long batch = std::atol(bs.c_str());
+      KilnResult k{};
+      if (model == "digits_cnn") k = kiln_steps<kiln::models::DigitsCnn>(batch, threads, seconds);
+      else if (model == "resnet9_w32") k = kiln_steps<kiln::models::ResNet9<32>>(batch, threads, seconds);
+      else {
+        std::printf("{\"bench\": \"convnet\", \"model\": \"%s\", \"skipped\": \"unknown model\"}\n", model.c_str());
+        continue;
+      }
+      std::printf("{\"bench\": \"convnet\", \"backend\": \"cpu\", \"model\": \"%s\", \"batch\": %ld, \"threads\": %d, "
+                  "\"kiln_ms\": %.4f, \"images_per_s\": %.1f, ",
+                  model.c_str(), batch, threads, k.ms, double(batch) * 1000.0 / k.ms);
+      if (model == "digits_cnn") std::printf("\"epoch_s\": %.4f, ", k.ms / 1000.0 * std::ceil(4000.0 / double(batch)));
+      std::printf("\"kernels_per_step\": %.1f, \"steps\": %d}\n", k.kernels, k.steps);
+      for (const auto& p : peers)
+        if (p.model == model && p.batch == batch)
+          std::printf("{\"bench\": \"convnet\", \"model\": \"%s\", \"batch\": %ld, \"threads\": %d, \"kiln_ms\": %.4f, "
+                      "\"peer\": \"%s\", \"peer_ms\": %.4f, \"speedup\": %.3f}\n",
+                      model.c_str(), batch, threads, k.ms, p.peer.c_str(), p.ms, p.ms / k.ms);
+      std::fflush(stdout);
+    }
+  return 0;
+}
