@@ -31,7 +31,7 @@ if [ "$with_peers" = 1 ]; then
     "$py" -m pip install "jax[cpu]" threadpoolctl numpy >&2
   fi
 fi
-bash scripts/build.sh bench_fusion bench_gemm bench_train_step bench_dropout bench_policies >/dev/null
+bash scripts/build.sh bench_fusion bench_gemm bench_train_step bench_dropout bench_policies bench_convnet >/dev/null
 cuda_benches=()
 want_cuda=${KILN_BENCH_CUDA:-auto}
 if [ "$want_cuda" = 1 ] || { [ "$want_cuda" = auto ] && nvidia-smi -L > /dev/null 2>&1; }; then
@@ -49,6 +49,7 @@ out=${1:-/dev/null}
   build/bench/train_step
   build/bench/dropout
   build/bench/policies
+  build/bench/convnet
   for b in "${cuda_benches[@]}"; do
     "build/bench/$b"
   done
