@@ -1,11 +1,50 @@
 """What the PyTorch peers of kiln's benchmarks share (bench/torch_train_step.py,
-bench/torch_convnet.py): thread limits that reach every pool, and the backends torch was built with.
-Imported after torch; never run on its own."""
+bench/torch_convnet.py): the "skipped" line, importing torch (and checking CUDA), thread limits
+that reach every pool, and the backends torch was built with. Never run on its own; it imports
+torch only when asked (import_torch), so a missing torch becomes a skip line."""
 import ctypes
+import json
 import os
 import re
+import sys
 
-import torch
+torch = None  # set by import_torch
+
+
+def make_skip(bench, script, backend, device):
+    """skip(reason): prints {"bench", "backend", "peer": "torch", "skipped": reason} and exits 0; with
+    --device cuda and KILN_REQUIRE_DEVICE set to anything but "" or "0", a FAILED line on stderr and
+    exit 2 instead."""
+    def skip(reason):
+        required = os.environ.get("KILN_REQUIRE_DEVICE", "") not in ("", "0")
+        if device == "cuda" and required:
+            print(f"{script}: FAILED — KILN_REQUIRE_DEVICE is set and {reason}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+        print(json.dumps({"bench": bench, "backend": backend, "peer": "torch", "skipped": reason}), flush=True)
+        raise SystemExit(0)
+    return skip
+
+
+def import_torch(device, skip):
+    """torch, or skip() with why not: not importable, or (device "cuda") no CUDA device it can use.
+    On CUDA, TF32 is turned off for matmul and cuDNN (kiln's peers compute in fp32)."""
+    global torch
+    try:
+        import torch as t
+    except Exception as e:  # noqa: BLE001 - any import failure means "no torch here"
+        skip(f"torch not importable ({type(e).__name__}: {e}) with {sys.executable}")
+    torch = t
+    if device == "cuda":
+        if not t.cuda.is_available():
+            why = "torch has no CUDA device"
+            if t.version.cuda is None:
+                why += f" (torch {t.__version__} is a CPU-only build)"
+            else:
+                why += f" (torch {t.__version__}, CUDA {t.version.cuda}; torch.cuda.is_available() is False)"
+            skip(why)
+        t.backends.cuda.matmul.allow_tf32 = False
+        t.backends.cudnn.allow_tf32 = False
+    return t
 
 
 def limit_threads(n):

@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 ap = argparse.ArgumentParser()
@@ -60,33 +59,11 @@ variants = (args.variants or ("eager" if args.device == "cuda" else "eager,eager
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
-def skip(reason):
-    required = os.environ.get("KILN_REQUIRE_DEVICE", "") not in ("", "0")
-    if args.device == "cuda" and required:
-        print(f"torch_train_step.py: FAILED — KILN_REQUIRE_DEVICE is set and {reason}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
-    print(json.dumps({"bench": "train_step", "backend": backend, "peer": "torch", "skipped": reason}), flush=True)
-    raise SystemExit(0)
+from torch_peer_common import import_torch, limit_threads, make_skip, torch_backends  # noqa: E402
 
-
-try:
-    import torch
-    import torch.nn.functional as F
-except Exception as e:  # noqa: BLE001 - any import failure means "no torch here"
-    skip(f"torch not importable ({type(e).__name__}: {e}) with {sys.executable}")
-if args.device == "cuda":
-    if not torch.cuda.is_available():
-        why = "torch has no CUDA device"
-        if torch.version.cuda is None:
-            why += f" (torch {torch.__version__} is a CPU-only build)"
-        else:
-            why += f" (torch {torch.__version__}, CUDA {torch.version.cuda}; torch.cuda.is_available() is False)"
-        skip(why)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-
-
-from torch_peer_common import limit_threads, torch_backends  # noqa: E402 - after the torch import
+skip = make_skip("train_step", "torch_train_step.py", backend, args.device)
+torch = import_torch(args.device, skip)
+import torch.nn.functional as F  # noqa: E402 - torch imports (import_torch checked it)
 
 
 threadpools = limit_threads(args.threads)
