@@ -6,14 +6,16 @@
 //
 // Output, JSON lines: the peer's own lines first (versions, BLAS, thread limits, or a "skipped"
 // reason); then per model and batch
-//   kiln:     bench, backend ("cpu"), model, batch, threads, kiln_ms, images_per_s, epoch_s (digits:
+//   kiln:     bench, backend ("cpu"), model, layout, batch, threads, kiln_ms, images_per_s, epoch_s (digits:
 //             the 4,000-image training set), kernels_per_step, steps;
-//   per peer: bench, model, batch, threads, kiln_ms, peer ("torch_eager", "torch_compiled"),
+//   per peer: bench, model, layout, batch, threads, kiln_ms, peer ("torch_eager", "torch_compiled"),
 //             peer_ms, speedup (peer_ms / kiln_ms).
 // Medians over --seconds of steps per measurement after warm-up steps.
 //
 //   build/bench/convnet [--threads 1] [--seconds 2] [--models digits_cnn,resnet9_w32]
-//                       [--batches 64,256] [--python PY|none]
+//                       [--batches 64,256] [--layouts nchw,nhwc] [--python PY|none]
+// kiln runs each model in every --layouts entry (nhwc: Model::with_layout<layout::nhwc>); its lines
+// carry "layout". The peers run PyTorch's default (contiguous NCHW) memory format.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -90,13 +92,15 @@ struct PeerTime {
 int main(int argc, char** argv) {
   int threads = 1;
   double seconds = 2.0;
-  std::string models = "digits_cnn,resnet9_w32", batches = "64,256", python = kiln_bench::default_python();
+  std::string models = "digits_cnn,resnet9_w32", batches = "64,256", layouts = "nchw,nhwc",
+              python = kiln_bench::default_python();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") threads = std::atoi(argv[i + 1]);
     else if (a == "--seconds") seconds = std::atof(argv[i + 1]);
     else if (a == "--models") models = argv[i + 1];
     else if (a == "--batches") batches = argv[i + 1];
+    else if (a == "--layouts") layouts = argv[i + 1];
     else if (a == "--python") python = argv[i + 1];
     else {
       std::fprintf(stderr, "convnet: unknown option %s\n", a.c_str());
@@ -120,27 +124,38 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
+  using kiln::nn::layout;
+  using Digits = kiln::models::DigitsCnn;
+  using ResNet = kiln::models::ResNet9<32>;
   for (const std::string& model : split(models))
-    for (const std::string& bs : split(batches)) {
-      const long batch = std::atol(bs.c_str());
-      KilnResult k{};
-      if (model == "digits_cnn") k = kiln_steps<kiln::models::DigitsCnn>(batch, threads, seconds);
-      else if (model == "resnet9_w32") k = kiln_steps<kiln::models::ResNet9<32>>(batch, threads, seconds);
-      else {
-        std::printf("{\"bench\": \"convnet\", \"model\": \"%s\", \"skipped\": \"unknown model\"}\n", model.c_str());
-        continue;
+    for (const std::string& bs : split(batches))
+      for (const std::string& lay : split(layouts)) {
+        const long batch = std::atol(bs.c_str());
+        const bool last = lay == "nhwc";
+        KilnResult k{};
+        if (lay != "nchw" && !last) {
+          std::printf("{\"bench\": \"convnet\", \"layout\": \"%s\", \"skipped\": \"unknown layout\"}\n", lay.c_str());
+          continue;
+        }
+        if (model == "digits_cnn" && last) k = kiln_steps<Digits::with_layout<layout::nhwc>>(batch, threads, seconds);
+        else if (model == "digits_cnn") k = kiln_steps<Digits>(batch, threads, seconds);
+        else if (model == "resnet9_w32" && last) k = kiln_steps<ResNet::with_layout<layout::nhwc>>(batch, threads, seconds);
+        else if (model == "resnet9_w32") k = kiln_steps<ResNet>(batch, threads, seconds);
+        else {
+          std::printf("{\"bench\": \"convnet\", \"model\": \"%s\", \"skipped\": \"unknown model\"}\n", model.c_str());
+          continue;
+        }
+        std::printf("{\"bench\": \"convnet\", \"backend\": \"cpu\", \"model\": \"%s\", \"layout\": \"%s\", \"batch\": %ld, "
+                    "\"threads\": %d, \"kiln_ms\": %.4f, \"images_per_s\": %.1f, ",
+                    model.c_str(), lay.c_str(), batch, threads, k.ms, double(batch) * 1000.0 / k.ms);
+        if (model == "digits_cnn") std::printf("\"epoch_s\": %.4f, ", k.ms / 1000.0 * std::ceil(4000.0 / double(batch)));
+        std::printf("\"kernels_per_step\": %.1f, \"steps\": %d}\n", k.kernels, k.steps);
+        for (const auto& p : peers)
+          if (p.model == model && p.batch == batch)
+            std::printf("{\"bench\": \"convnet\", \"model\": \"%s\", \"layout\": \"%s\", \"batch\": %ld, \"threads\": %d, "
+                        "\"kiln_ms\": %.4f, \"peer\": \"%s\", \"peer_ms\": %.4f, \"speedup\": %.3f}\n",
+                        model.c_str(), lay.c_str(), batch, threads, k.ms, p.peer.c_str(), p.ms, p.ms / k.ms);
+        std::fflush(stdout);
       }
-      std::printf("{\"bench\": \"convnet\", \"backend\": \"cpu\", \"model\": \"%s\", \"batch\": %ld, \"threads\": %d, "
-                  "\"kiln_ms\": %.4f, \"images_per_s\": %.1f, ",
-                  model.c_str(), batch, threads, k.ms, double(batch) * 1000.0 / k.ms);
-      if (model == "digits_cnn") std::printf("\"epoch_s\": %.4f, ", k.ms / 1000.0 * std::ceil(4000.0 / double(batch)));
-      std::printf("\"kernels_per_step\": %.1f, \"steps\": %d}\n", k.kernels, k.steps);
-      for (const auto& p : peers)
-        if (p.model == model && p.batch == batch)
-          std::printf("{\"bench\": \"convnet\", \"model\": \"%s\", \"batch\": %ld, \"threads\": %d, \"kiln_ms\": %.4f, "
-                      "\"peer\": \"%s\", \"peer_ms\": %.4f, \"speedup\": %.3f}\n",
-                      model.c_str(), batch, threads, k.ms, p.peer.c_str(), p.ms, p.ms / k.ms);
-      std::fflush(stdout);
-    }
   return 0;
 }

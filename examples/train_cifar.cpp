@@ -7,7 +7,7 @@
 // path is not written yet).
 //
 //   build/examples/train_cifar [--data-dir DIR] [--epochs 1] [--batch 128] [--lr 2e-3]
-//     [--synthetic-images 2048] [--seed 0] [--threads 1]
+//     [--synthetic-images 2048] [--seed 0] [--threads 1] [--layout nchw]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,7 +23,7 @@
 namespace {
 
 using kiln::index_t;
-using Model = kiln::models::ResNet9<32>;
+using ResNet = kiln::models::ResNet9<32>;
 // The per-channel mean and standard deviation of CIFAR-10's training images (on 0..1 values), as
 // the usual torchvision recipes hard-code them.
 const std::vector<float> cifar_mean = {0.4914f, 0.4822f, 0.4465f};
@@ -33,7 +33,7 @@ struct Options {
   int epochs = 1, threads = 1;
   index_t batch = 128, synthetic_images = 2048;
   double lr = 2e-3;
-  std::string data_dir;
+  std::string data_dir, layout = "nchw";
   std::uint64_t seed = 0;
 };
 
@@ -43,7 +43,7 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf("usage: train_cifar [--data-dir DIR] [--epochs N] [--batch N] [--lr X] [--synthetic-images N] "
-                  "[--seed N] [--threads N]\nTrains a ResNet-9 (width 32) on CIFAR-10 from DIR (the binary version), "
+                  "[--seed N] [--threads N] [--layout nchw|nhwc]\nTrains a ResNet-9 (width 32) on CIFAR-10 from DIR (the binary version), "
                   "or on synthetic images of the same shape when DIR is not given or has no data_batch_1.bin.\n");
       std::exit(0);
     }
@@ -56,8 +56,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::stoull(v);
     else if (a == "--threads") o.threads = std::stoi(v);
     else if (a == "--data-dir") o.data_dir = v;
+    else if (a == "--layout") o.layout = v;
     else throw kiln::ValueError("unknown option " + a + " (see --help)");
   }
+  KILN_CHECK(o.layout == "nchw" || o.layout == "nhwc", kiln::ValueError, "--layout ", o.layout,
+             ": the layouts are nchw and nhwc (channels-last)");
   KILN_CHECK(o.epochs > 0 && o.batch > 0 && o.lr > 0 && o.threads > 0 && o.synthetic_images > 0, kiln::ValueError,
              "--epochs, --batch, --lr, --synthetic-images and --threads must be positive");
   return o;
@@ -93,26 +96,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
-  const Options o = parse(argc, argv);
-  kiln::data::Dataset train_set, test_set;
-  const bool real = !o.data_dir.empty() && std::filesystem::exists(o.data_dir + "/data_batch_1.bin");
-  if (real) {
-    train_set = kiln::data::load_cifar10(o.data_dir, true);
-    test_set = kiln::data::load_cifar10(o.data_dir, false);
-    std::printf("data: CIFAR-10 from %s: %lld train / %lld test images\n", o.data_dir.c_str(), (long long)train_set.n,
-                (long long)test_set.n);
-  } else {
-    train_set = synthetic(o.synthetic_images, o.seed + 1);
-    test_set = synthetic(std::max<index_t>(o.synthetic_images / 4, 1), o.seed + 2);
-    std::printf("data: no CIFAR-10 given (%s): training on %lld SYNTHETIC images of the same shape (random pixels "
-                "and labels: the accuracy means nothing, the images/s are real)\n",
-                o.data_dir.empty() ? "--data-dir not set" : ("no data_batch_1.bin in " + o.data_dir).c_str(),
-                (long long)train_set.n);
-  }
-  normalize(test_set);
+template <class Model>
+void train(const Options& o, const kiln::data::Dataset& train_set, const kiln::data::Dataset& test_set, bool real) {
   kiln::CpuExecutor exec(o.threads);
   Model model(o.seed);
   std::printf("model: %s\ndevice: CPU, %d thread%s (convolution runs on the CPU backend; no cuDNN path yet)\n",
@@ -154,6 +139,30 @@ int main(int argc, char** argv) try {
               rep.str().c_str(), kiln::train::accuracy(model, exec, test_set), real ? "" : " (synthetic data)",
               rates[rates.size() / 2], (long long)o.batch, o.threads, o.threads == 1 ? "" : "s", rep.kernels_per_step,
               (long long)rep.predicted);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options o = parse(argc, argv);
+  kiln::data::Dataset train_set, test_set;
+  const bool real = !o.data_dir.empty() && std::filesystem::exists(o.data_dir + "/data_batch_1.bin");
+  if (real) {
+    train_set = kiln::data::load_cifar10(o.data_dir, true);
+    test_set = kiln::data::load_cifar10(o.data_dir, false);
+    std::printf("data: CIFAR-10 from %s: %lld train / %lld test images\n", o.data_dir.c_str(), (long long)train_set.n,
+                (long long)test_set.n);
+  } else {
+    train_set = synthetic(o.synthetic_images, o.seed + 1);
+    test_set = synthetic(std::max<index_t>(o.synthetic_images / 4, 1), o.seed + 2);
+    std::printf("data: no CIFAR-10 given (%s): training on %lld SYNTHETIC images of the same shape (random pixels "
+                "and labels: the accuracy means nothing, the images/s are real)\n",
+                o.data_dir.empty() ? "--data-dir not set" : ("no data_batch_1.bin in " + o.data_dir).c_str(),
+                (long long)train_set.n);
+  }
+  normalize(test_set);
+  if (o.layout == "nhwc") train<ResNet::with_layout<kiln::nn::layout::nhwc>>(o, train_set, test_set, real);
+  else train<ResNet>(o, train_set, test_set, real);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_cifar: %s\n", e.what());

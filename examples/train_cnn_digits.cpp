@@ -19,14 +19,15 @@
 namespace {
 
 using kiln::index_t;
-using Model = kiln::models::DigitsCnn;  // kiln/models/convnets.hpp
+using Cnn = kiln::models::DigitsCnn;  // kiln/models/convnets.hpp
 constexpr index_t base_batch = 64;  // the batch --lr is tuned for
 
 struct Options {
   int epochs = 10, threads = 1;
   index_t batch = 64, accumulate = 1, crop_pad = 1;
   double lr = 2e-3, label_smoothing = 0.1;
-  std::string lr_scaling = "sqrt", schedule = "cosine", precision = "fp32", stance = "fused", data_dir = "data";
+  std::string lr_scaling = "sqrt", schedule = "cosine", precision = "fp32", stance = "fused", layout = "nchw",
+              data_dir = "data";
   std::uint64_t seed = 0;
 };
 
@@ -36,7 +37,7 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf("usage: train_cnn_digits [--epochs N] [--batch N] [--accumulate N] [--lr X] [--lr-scaling "
-                  "none|linear|sqrt] [--schedule cosine|constant] [--crop-pad N] [--label-smoothing X] [--precision fp32] [--stance fused|force_eager] [--seed N] [--threads N] "
+                  "none|linear|sqrt] [--schedule cosine|constant] [--crop-pad N] [--label-smoothing X] [--precision fp32] [--stance fused|force_eager] [--layout nchw|nhwc] [--seed N] [--threads N] "
                   "[--data-dir DIR]\nTrains a CNN (conv16-bn-relu-pool, conv32-bn-relu-pool, fc128, fc10; AdamW) on "
                   "digits20 on the CPU. --lr is tuned for an effective batch of 64; --lr-scaling carries it to batch "
                   "x accumulate; --schedule cosine anneals it to 0 over the run. Training images are shifted by up to "
@@ -55,6 +56,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--label-smoothing") o.label_smoothing = std::stod(v);
     else if (a == "--precision") o.precision = v;
     else if (a == "--stance") o.stance = v;
+    else if (a == "--layout") o.layout = v;
     else if (a == "--seed") o.seed = std::stoull(v);
     else if (a == "--threads") o.threads = std::stoi(v);
     else if (a == "--data-dir") o.data_dir = v;
@@ -66,6 +68,8 @@ Options parse(int argc, char** argv) {
   // Convolution and batch norm take fp32 only so far: mixed precision covers Linear layers.
   KILN_CHECK(o.schedule == "cosine" || o.schedule == "constant", kiln::ValueError, "--schedule ", o.schedule,
              ": the schedules are cosine and constant");
+  KILN_CHECK(o.layout == "nchw" || o.layout == "nhwc", kiln::ValueError, "--layout ", o.layout,
+             ": the layouts are nchw and nhwc (channels-last)");
   KILN_CHECK(o.precision == "fp32", kiln::ValueError, "--precision ", o.precision,
              ": the CNN's convolution and batch-norm layers run in fp32 only (mixed precision covers Linear "
              "layers so far)");
@@ -78,7 +82,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 // train_set holds raw pixels (0..255): every batch is augmented (random crop) and normalised by
 // `augment` as it is trained on. test_set is normalised already.
-template <class Policy>
+template <class Model, class Policy>
 void train(const Options& o, const kiln::data::Dataset& train_set, const kiln::data::Dataset& test_set,
            const kiln::data::AugmentOptions& augment) {
   kiln::CpuExecutor exec(o.threads);
@@ -153,18 +157,22 @@ int main(int argc, char** argv) try {
                                            .mean = {norm.mean[0]}, .stddev = {1.0f / norm.inv_std[0]},
                                            .seed = o.seed};
   std::printf("data: %lld train / %lld test digits, %lld features; %s\n", (long long)train_set.n,
-              (long long)test_set.n, (long long)train_set.d, Model(o.seed).describe().c_str());
+              (long long)test_set.n, (long long)train_set.d, Cnn(o.seed).describe().c_str());
   KILN_CHECK(!kiln::device_required(), kiln::ValueError,
              "KILN_REQUIRE_DEVICE is set, but convolution has no CUDA path yet (cuDNN is not written)");
   std::printf("device: CPU, %d thread%s (convolution and batch norm run on the CPU backend)\n", o.threads,
               o.threads == 1 ? "" : "s");
   using Fp32 = kiln::precision::fp32;
   using Acc = kiln::accumulate<kiln::dyn>;
-  if (o.stance == kiln::stance::fused::name)
-    train<kiln::policy<Fp32, kiln::stance::fused, Acc>>(o, train_set, test_set, augment);
-  else if (o.stance == kiln::stance::force_eager::name)
-    train<kiln::policy<Fp32, kiln::stance::force_eager, Acc>>(o, train_set, test_set, augment);
-  else throw kiln::ValueError("unknown stance \"" + o.stance + "\"; the stances are fused and force_eager");
+  auto with_stance = [&]<class Model>() {
+    if (o.stance == kiln::stance::fused::name)
+      train<Model, kiln::policy<Fp32, kiln::stance::fused, Acc>>(o, train_set, test_set, augment);
+    else if (o.stance == kiln::stance::force_eager::name)
+      train<Model, kiln::policy<Fp32, kiln::stance::force_eager, Acc>>(o, train_set, test_set, augment);
+    else throw kiln::ValueError("unknown stance \"" + o.stance + "\"; the stances are fused and force_eager");
+  };
+  if (o.layout == "nhwc") with_stance.template operator()<Cnn::with_layout<kiln::nn::layout::nhwc>>();
+  else with_stance.template operator()<Cnn>();
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_cnn_digits: %s\n", e.what());

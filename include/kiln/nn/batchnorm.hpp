@@ -12,11 +12,13 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "kiln/backend/cpu/batchnorm2d.hpp"
+#include "kiln/backend/cpu/batchnorm2d_nhwc.hpp"
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/nn/module.hpp"
@@ -44,12 +46,37 @@ struct batchnorm_accepts<Layer, sample<C, H, W>> {
   using type = sample<Layer::channels, H, W>;
 };
 
+// The CPU kernels of one layout, under one set of names.
+template <layout L>
+struct bn_kernels {
+  template <class... A>
+  static void train_forward(A&&... a) { cpu::batchnorm2d_train_forward(std::forward<A>(a)...); }
+  template <class... A>
+  static void eval_forward(A&&... a) { cpu::batchnorm2d_eval_forward(std::forward<A>(a)...); }
+  template <class... A>
+  static void backward(A&&... a) { cpu::batchnorm2d_backward(std::forward<A>(a)...); }
+  template <class... A>
+  static void eval_backward(A&&... a) { cpu::batchnorm2d_eval_backward(std::forward<A>(a)...); }
+};
+template <>
+struct bn_kernels<layout::nhwc> {
+  template <class... A>
+  static void train_forward(A&&... a) { cpu::batchnorm2d_nhwc_train_forward(std::forward<A>(a)...); }
+  template <class... A>
+  static void eval_forward(A&&... a) { cpu::batchnorm2d_nhwc_eval_forward(std::forward<A>(a)...); }
+  template <class... A>
+  static void backward(A&&... a) { cpu::batchnorm2d_nhwc_backward(std::forward<A>(a)...); }
+  template <class... A>
+  static void eval_backward(A&&... a) { cpu::batchnorm2d_nhwc_eval_backward(std::forward<A>(a)...); }
+};
+
 // A kiln::fn functor as the CPU kernels' activation (NoActivation for fn::Identity).
 template <class F>
 using bn_activation = std::conditional_t<is_identity_act_v<F>, cpu::NoActivation, F>;
 }  // namespace detail
 
-template <index_t C, class T = float, class Space = host>
+// Layout says how its input and output hold images ([N, C, H, W] or [N, H, W, C]).
+template <index_t C, class T = float, class Space = host, layout Layout = layout::nchw>
 class BatchNorm2d {
   static_assert(C > 0, "kiln::nn::BatchNorm2d<C>: C must be positive");
   static_assert(std::is_same_v<Space, host>,
@@ -62,7 +89,9 @@ class BatchNorm2d {
   using value_type = T;
   using space = Space;
   template <class S>
-  using on = BatchNorm2d<C, T, S>;
+  using on = BatchNorm2d<C, T, S, Layout>;
+  template <layout L>
+  using with_layout = BatchNorm2d<C, T, Space, L>;
   template <class In>
   using output_sample = typename detail::batchnorm_accepts<BatchNorm2d, In>::type;
 
@@ -85,12 +114,12 @@ class BatchNorm2d {
   }
   explicit BatchNorm2d(Generator&) : BatchNorm2d() {}
 
-  template <class Exec, index_t B, index_t Ci, index_t H, index_t W>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, Ci, H, W>& x) const {
+  template <class Exec, index_t B, index_t D1, index_t D2, index_t D3>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
     return run<fn::Identity>(tape, x);
   }
-  template <class Act, class Exec, index_t B, index_t Ci, index_t H, index_t W>
-  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, Ci, H, W>& x) const {
+  template <class Act, class Exec, index_t B, index_t D1, index_t D2, index_t D3>
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
     static_assert(requires { typename Act::functor; },
                   "kiln::nn::BatchNorm2d::forward_fused<Act>: the activation must name its kiln::fn functor "
                   "(kiln::nn::Activation<F>)");
@@ -125,7 +154,9 @@ class BatchNorm2d {
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   static constexpr index_t parameter_tensors = 2;
-  static std::string describe() { return "BatchNorm2d<" + std::to_string(C) + ">"; }
+  static std::string describe() {
+    return (Layout == layout::nhwc ? "BatchNorm2d[nhwc]<" : "BatchNorm2d<") + std::to_string(C) + ">";
+  }
 
  private:
   static Tensor<T, Space, C> filled(T v) {
@@ -134,16 +165,18 @@ class BatchNorm2d {
     return space_ops<Space>::from_host(std::move(t));
   }
 
-  template <class F, class Exec, index_t B, index_t Ci, index_t H, index_t W>
-  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, Ci, H, W>& x) const {
+  template <class F, class Exec, index_t B, index_t D1, index_t D2, index_t D3>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
     static_assert(std::is_same_v<Space, typename Exec::space>,
                   "kiln::nn::BatchNorm2d: the input must live in the executor's memory space");
-    using Out = ag::Var<T, Space, B, C, H, W>;
+    using Out = image_var_t<T, Space, B, output_sample<image_sample_t<Layout, D1, D2, D3>>, Layout>;
     using Act = detail::bn_activation<F>;
+    using K = detail::bn_kernels<Layout>;
+    constexpr bool nhwc = Layout == layout::nhwc;
     const Shape s = x.shape();
-    KILN_CHECK(s.rank == 4 && s[1] == C, ShapeError, "BatchNorm2d<", C, ">: the input has shape ", s.str(),
-               "; it must be [N, ", C, ", H, W]");
-    const index_t n = s[0], hw = s[2] * s[3];
+    KILN_CHECK(s.rank == 4 && s[nhwc ? 3 : 1] == C, ShapeError, "BatchNorm2d<", C, ">: the input has shape ", s.str(),
+               nhwc ? "; it must be [N, H, W, " : "; it must be [N, ", C, nhwc ? "]" : ", H, W]");
+    const index_t n = s[0], hw = nhwc ? s[1] * s[2] : s[2] * s[3];
     Out out{typename Out::tensor_type(s)};
     const int threads = tape.exec().threads();
     const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
@@ -154,12 +187,12 @@ class BatchNorm2d {
     auto saved = std::make_shared<std::vector<T>>(train ? std::size_t(2 * C) : 0);
     Buffers& buf = *buffers_;
     if (train) {
-      cpu::batchnorm2d_train_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
+      K::train_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
                                      momentum_, buf.running_mean.data(), buf.running_var.data(), out.value().data(),
                                      saved->data(), saved->data() + C, threads, Act{});
       ++buf.batches_tracked;
     } else {
-      cpu::batchnorm2d_eval_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
+      K::eval_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
                                     buf.running_mean.data(), buf.running_var.data(), out.value().data(), threads,
                                     Act{});
     }
@@ -185,10 +218,10 @@ class BatchNorm2d {
                   const T* X = xd->value.data();
                   const T* G = od.grad.data();
                   if (train) {
-                    cpu::batchnorm2d_backward(n, C, hw, X, G, wd->value.data(), saved->data(), saved->data() + C,
+                    K::backward(n, C, hw, X, G, wd->value.data(), saved->data(), saved->data() + C,
                                               dx, dgamma, dbeta, exec.threads(), bd->value.data(), Act{});
                   } else {
-                    cpu::batchnorm2d_eval_backward(n, C, hw, X, G, wd->value.data(), bd->value.data(), eps,
+                    K::eval_backward(n, C, hw, X, G, wd->value.data(), bd->value.data(), eps,
                                                    saved->data(), saved->data() + C, dx, dgamma, dbeta,
                                                    exec.threads(), Act{});
                   }

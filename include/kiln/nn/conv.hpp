@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kiln/backend/cpu/conv2d.hpp"
+#include "kiln/backend/cpu/conv2d_nhwc.hpp"
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/nn/init.hpp"
@@ -43,10 +44,20 @@ namespace detail {
 template <class S>
 inline constexpr bool conv_space_ok = std::is_same_v<S, host>;
 
-inline cpu::Conv2dShape conv_shape(const Shape& x, index_t c_out, const Conv2dGeometry& g) {
-  return {.n = x[0], .c_in = x[1], .h = x[2], .w = x[3], .c_out = c_out, .kh = g.kernel, .kw = g.kernel,
-          .stride_h = g.stride, .stride_w = g.stride, .pad_h = g.pad, .pad_w = g.pad, .dil_h = g.dilation,
-          .dil_w = g.dilation};
+// The kernels' shape of an input x ([N, C, H, W], or [N, H, W, C] in nhwc).
+template <layout L>
+cpu::Conv2dShape conv_shape(const Shape& x, index_t c_out, const Conv2dGeometry& g) {
+  const bool last = L == layout::nhwc;
+  return {.n = x[0], .c_in = x[last ? 3 : 1], .h = x[last ? 1 : 2], .w = x[last ? 2 : 3], .c_out = c_out,
+          .kh = g.kernel, .kw = g.kernel, .stride_h = g.stride, .stride_w = g.stride, .pad_h = g.pad, .pad_w = g.pad,
+          .dil_h = g.dilation, .dil_w = g.dilation};
+}
+inline const char* layout_dims(layout L) { return L == layout::nhwc ? "[N, H, W, C]" : "[N, C, H, W]"; }
+
+template <layout L, class T>
+void conv_backward_data(const cpu::Conv2dShape& s, const T* dy, const T* w, T* dx, int threads) {
+  if constexpr (L == layout::nhwc) cpu::conv2d_nhwc_backward_data(s, dy, w, dx, threads);
+  else cpu::conv2d_backward_data(s, dy, w, dx, threads);
 }
 
 // dst[i] = src[i] (add = false) or dst[i] += src[i].
@@ -59,9 +70,10 @@ void write_or_add(T* dst, const T* src, index_t n, bool add) {
   }
 }
 
-// y = act(conv(x, w) + b) with x [N, Cin, H, W], w [Cout, Cin, K, K], b [Cout] (bd null: none).
-// Out is the result's variable type (the layer computes its static extents).
-template <class Out, class Act, class Exec, class T, class S, index_t... D, class WD, class BD>
+// y = act(conv(x, w) + b) with x [N, Cin, H, W] (nhwc: [N, H, W, Cin]), w [Cout, Cin, K, K] in
+// either layout, b [Cout] (bd null: none). Out is the result's variable type (the layer computes
+// its static extents).
+template <class Out, class Act, layout L = layout::nchw, class Exec, class T, class S, index_t... D, class WD, class BD>
 Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_ptr<WD> wd, std::shared_ptr<BD> bd,
                 const Conv2dGeometry& g) {
   static_assert(std::is_same_v<S, typename Exec::space>,
@@ -71,15 +83,17 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
                 "is not written yet");
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "kiln::nn::conv2d: convolution takes float or double (no mixed precision yet)");
+  constexpr bool nhwc = L == layout::nhwc;
   const Shape xs = x.shape(), ws = wd->value.shape();
-  KILN_CHECK(xs.rank == 4, ShapeError, "conv2d: the input must be [N, C, H, W], got shape ", xs.str());
-  KILN_CHECK(ws.rank == 4 && xs[1] == ws[1] && ws[2] == g.kernel && ws[3] == g.kernel, ShapeError,
-             "conv2d: the input has shape ", xs.str(), " but the weight has shape ", ws.str(), " (kernel ", g.kernel,
-             "): the input's channels must equal the weight's second size");
-  const cpu::Conv2dShape s = conv_shape(xs, ws[0], g);
+  KILN_CHECK(xs.rank == 4, ShapeError, "conv2d: the input must be ", layout_dims(L), ", got shape ", xs.str());
+  KILN_CHECK(ws.rank == 4 && xs[nhwc ? 3 : 1] == ws[1] && ws[2] == g.kernel && ws[3] == g.kernel, ShapeError,
+             "conv2d: the input has shape ", xs.str(), " (", layout_dims(L), ") but the weight has shape ", ws.str(),
+             " (kernel ", g.kernel, "): the input's channels must equal the weight's second size");
+  const cpu::Conv2dShape s = conv_shape<L>(xs, ws[0], g);
   s.check("conv2d");
   const index_t ohw = s.out_h() * s.out_w(), y_size = s.n * s.c_out * ohw;
-  Out out{typename Out::tensor_type(Shape{s.n, s.c_out, s.out_h(), s.out_w()})};
+  Out out{typename Out::tensor_type(nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c_out}
+                                         : Shape{s.n, s.c_out, s.out_h(), s.out_w()})};
   const bool any = x.requires_grad() || wd->requires_grad || (bd && bd->requires_grad);
   const bool recording = any && tape.recording();
   constexpr bool has_act = !is_identity_act_v<Act>;
@@ -92,20 +106,31 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
   tape.exec().stats().count(kind::gemm, has_act ? std::string("conv2d+bias+") + Act::name : std::string("conv2d"),
                             y_size, x_bytes + y_bytes);
   const index_t c_out = s.c_out;
-  cpu::conv2d_forward_epilogue(s, x.value().data(), wd->value.data(), out.value().data(), threads,
-                               [bias, keep, c_out, ohw](index_t n, index_t co, const T* z, T* y, index_t len) {
-                                 const T b = bias ? bias[co] : T(0);
-                                 if constexpr (has_act) {
-                                   if (T* k = keep ? keep + (n * c_out + co) * ohw : nullptr) {
-                                     for (index_t p = 0; p < len; ++p) k[p] = z[p] + b;
-                                     for (index_t p = 0; p < len; ++p) y[p] = Act{}(k[p]);
-                                   } else {
-                                     for (index_t p = 0; p < len; ++p) y[p] = Act{}(T(z[p] + b));
-                                   }
-                                 } else {
-                                   for (index_t p = 0; p < len; ++p) y[p] = z[p] + b;
-                                 }
-                               });
+  // z + bias, then the activation; k (nullable) keeps the pre-activation. One row: `len` outputs
+  // whose channels are co0, co0 + step, ... (NCHW: one channel's plane, step 0; NHWC: one pixel's
+  // channels, step 1).
+  auto finish = [bias](const T* z, T* y, T* k, index_t len, index_t co0, index_t step) {
+    for (index_t p = 0; p < len; ++p) {
+      const T v = z[p] + (bias ? bias[co0 + p * step] : T(0));
+      if constexpr (has_act) {
+        if (k) k[p] = v;
+        y[p] = Act{}(v);
+      } else {
+        y[p] = v;
+      }
+    }
+  };
+  if constexpr (nhwc) {
+    cpu::conv2d_nhwc_forward_epilogue(s, x.value().data(), wd->value.data(), out.value().data(), threads,
+                                      [&](index_t row, const T* z, T* y, index_t len) {
+                                        finish(z, y, keep ? keep + row * c_out : nullptr, len, 0, 1);
+                                      });
+  } else {
+    cpu::conv2d_forward_epilogue(s, x.value().data(), wd->value.data(), out.value().data(), threads,
+                                 [&](index_t n, index_t co, const T* z, T* y, index_t len) {
+                                   finish(z, y, keep ? keep + (n * c_out + co) * ohw : nullptr, len, co, 0);
+                                 });
+  }
   if (!recording) return out;
   out.set_requires_grad(true);
   std::vector<std::shared_ptr<ag::VarNode>> inputs{x.data(), wd};
@@ -128,10 +153,10 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
       T* dx = xd->ensure_grad();
       if (add) {
         std::vector<T> tmp(static_cast<std::size_t>(xd->value.size()));
-        cpu::conv2d_backward_data(s, dy, wd->value.data(), tmp.data(), threads);
+        conv_backward_data<L>(s, dy, wd->value.data(), tmp.data(), threads);
         write_or_add(dx, tmp.data(), index_t(tmp.size()), true);
       } else {
-        cpu::conv2d_backward_data(s, dy, wd->value.data(), dx, threads);
+        conv_backward_data<L>(s, dy, wd->value.data(), dx, threads);
       }
       xd->grad_valid = true;
     }
@@ -140,7 +165,11 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
       exec.stats().count(kind::gemm, "conv2d_backward_filter", wd->value.size(), x_bytes + y_bytes);
       const index_t wn = wd->value.size();
       std::vector<T> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
-      cpu::conv2d_backward_filter(s, xd->value.data(), dy, gw.data(), db ? gb.data() : nullptr, threads);
+      if constexpr (nhwc) {
+        cpu::conv2d_nhwc_backward_filter(s, xd->value.data(), dy, gw.data(), db ? gb.data() : nullptr, threads);
+      } else {
+        cpu::conv2d_backward_filter(s, xd->value.data(), dy, gw.data(), db ? gb.data() : nullptr, threads);
+      }
       if (dw) {
         const bool add = wd->grad_valid;
         write_or_add(wd->ensure_grad(), gw.data(), wn, add);
@@ -204,8 +233,9 @@ struct conv_accepts<Layer, sample<C, H, W>> {
 
 // Conv2d<Cin, Cout, Kernel, Stride, Padding, Dilation, Bias>: a square kernel, the same stride,
 // padding and dilation along both axes (PyTorch's argument order; groups are not offered).
+// Layout says how its input and output hold images (the weight is [Cout, Cin, K, K] in both).
 template <index_t Cin, index_t Cout, index_t Kernel, index_t Stride = 1, index_t Padding = 0, index_t Dilation = 1,
-          bool Bias = true, class T = float, class Space = host>
+          bool Bias = true, class T = float, class Space = host, layout Layout = layout::nchw>
 class Conv2d {
   static_assert(Cin > 0 && Cout > 0 && Kernel > 0 && Stride > 0 && Dilation > 0 && Padding >= 0,
                 "kiln::nn::Conv2d<Cin, Cout, Kernel, Stride, Padding, Dilation>: channels, kernel, stride and "
@@ -219,7 +249,10 @@ class Conv2d {
   using value_type = T;
   using space = Space;
   template <class S>
-  using on = Conv2d<Cin, Cout, Kernel, Stride, Padding, Dilation, Bias, T, S>;
+  using on = Conv2d<Cin, Cout, Kernel, Stride, Padding, Dilation, Bias, T, S, Layout>;
+  template <layout L>
+  using with_layout = Conv2d<Cin, Cout, Kernel, Stride, Padding, Dilation, Bias, T, Space, L>;
+  static constexpr layout image_layout = Layout;
   template <class In>
   using output_sample = typename detail::conv_accepts<Conv2d, In>::type;
 
@@ -228,13 +261,13 @@ class Conv2d {
   explicit Conv2d(Generator& gen) : weight_(init_weight(gen), true), bias_(init_bias(gen)) {}
   explicit Conv2d(std::uint64_t seed = 0) : Conv2d(lvalue(Generator(seed))) {}
 
-  template <class Exec, index_t B, index_t C, index_t H, index_t W>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, C, H, W>& x) const {
+  template <class Exec, index_t B, index_t D1, index_t D2, index_t D3>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
     return run<fn::Identity>(tape, x);
   }
   // act(conv(x) + b) in ONE pass; Act is an activation layer with a kiln::fn functor.
-  template <class Act, class Exec, index_t B, index_t C, index_t H, index_t W>
-  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, C, H, W>& x) const {
+  template <class Act, class Exec, index_t B, index_t D1, index_t D2, index_t D3>
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
     static_assert(requires { typename Act::functor; },
                   "kiln::nn::Conv2d::forward_fused<Act>: the activation must name its kiln::fn functor "
                   "(kiln::nn::Activation<F>)");
@@ -257,7 +290,8 @@ class Conv2d {
   static constexpr index_t parameter_tensors = Bias ? 2 : 1;
 
   static std::string describe() {
-    std::string d = "Conv2d<" + std::to_string(Cin) + ", " + std::to_string(Cout) + ", " + std::to_string(Kernel);
+    std::string d = std::string(Layout == layout::nhwc ? "Conv2d[nhwc]<" : "Conv2d<") + std::to_string(Cin) + ", " +
+                    std::to_string(Cout) + ", " + std::to_string(Kernel);
     if (Stride != 1) d += ", stride " + std::to_string(Stride);
     if (Padding != 0) d += ", pad " + std::to_string(Padding);
     if (Dilation != 1) d += ", dilation " + std::to_string(Dilation);
@@ -295,13 +329,13 @@ class Conv2d {
     }
   }
 
-  template <class Act, class Exec, index_t B, index_t C, index_t H, index_t W>
-  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, C, H, W>& x) const {
-    using Out = batch_var_t<T, Space, B, output_sample<sample<C, H, W>>>;
+  template <class Act, class Exec, index_t B, index_t D1, index_t D2, index_t D3>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
+    using Out = image_var_t<T, Space, B, output_sample<image_sample_t<Layout, D1, D2, D3>>, Layout>;
     using None = std::shared_ptr<typename ag::Var<T, Space, Cout>::data_type>;
     const Conv2dGeometry g{Kernel, Stride, Padding, Dilation};
-    if constexpr (Bias) return detail::conv2d_impl<Out, Act>(tape, x, weight_.data(), bias_.data(), g);
-    else return detail::conv2d_impl<Out, Act>(tape, x, weight_.data(), None(), g);
+    if constexpr (Bias) return detail::conv2d_impl<Out, Act, Layout>(tape, x, weight_.data(), bias_.data(), g);
+    else return detail::conv2d_impl<Out, Act, Layout>(tape, x, weight_.data(), None(), g);
   }
 
   ag::Var<T, Space, Cout, Cin, Kernel, Kernel> weight_;

@@ -196,20 +196,23 @@ class Linear {
 };
 
 namespace detail {
-// Flatten's kernels, as functors so that they run on every executor.
+// Between planar rows (per sample [C][H*W], NCHW's order) and channels-last ones ([H*W][C]),
+// one element per work item, i indexing the planar side: to_last writes y[channels-last place of
+// i] from x[i], otherwise y[i] from x's channels-last place (add: accumulate, for gradients).
 template <class T>
-struct FlattenCopy {
+struct ChannelsCopy {
   const T* x;
   T* y;
-  KILN_HOST_DEVICE void operator()(index_t, index_t i) const { y[i] = x[i]; }
+  index_t c, hw;
+  bool to_last, add;
+  KILN_HOST_DEVICE void operator()(index_t, index_t i) const {
+    const index_t per = c * hw, n = i / per, r = i - n * per, ch = r / hw, p = r - ch * hw;
+    const index_t last = n * per + p * c + ch;
+    if (to_last) put_grad(y[last], x[i], add);
+    else put_grad(y[i], x[last], add);
+  }
 };
-template <class T>
-struct FlattenBackward {
-  T* dx;
-  const T* g;
-  bool add;
-  KILN_HOST_DEVICE void operator()(index_t, index_t i) const { put_grad(dx[i], g[i], add); }
-};
+
 // Flatten's output sample (declarations only: used in decltype).
 any_sample flattened(any_sample*);
 template <index_t... D>
@@ -218,8 +221,13 @@ sample<sample<D...>::size> flattened(sample<D...>*);
 
 // Flatten: [B, d1, d2, ...] -> [B, d1 * d2 * ...] for a following Linear. A rank-2 input is
 // returned as it is (no kernel); higher ranks are copied (ONE kernel forward, ONE backward),
-// because a variable owns its storage.
-struct Flatten {
+// because a variable owns its storage. FlattenLayout<layout::nhwc> (what with_layout gives)
+// takes [B, H, W, C] and flattens in C, H, W order, so a following Linear sees the same features
+// (and keeps the same weights) in either layout — as PyTorch's Flatten of a channels_last tensor.
+template <layout Layout>
+struct FlattenLayout {
+  template <layout L>
+  using with_layout = FlattenLayout<L>;
   // [C, H, W] (any rank) -> [C*H*W]; dyn when a size is (nn/sample_shape.hpp).
   template <class In>
   using output_sample = decltype(detail::flattened(static_cast<In*>(nullptr)));
@@ -234,29 +242,34 @@ struct Flatten {
     return {1, c.input_grad ? 1 : 0};
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_for<any_sample>(c); }
-  static std::string describe() { return "Flatten"; }
+  static std::string describe() { return Layout == layout::nhwc ? "Flatten[nhwc]" : "Flatten"; }
 
   template <class Exec, class T, class S, index_t D0, index_t... Rest>
   auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, D0, Rest...>& x) const {
     if constexpr (sizeof...(Rest) <= 1) {
       return x;
     } else {
+      static_assert(Layout == layout::nchw || sizeof...(Rest) == 3,
+                    "kiln::nn::Flatten in nhwc flattens images [B, H, W, C]");
       constexpr index_t cols = ((Rest == dyn) || ...) ? dyn : (Rest * ...);
       using V = ag::Var<T, S, D0, cols>;
+      const Shape xs = x.shape();
       const index_t rows = x.dim(0), n = x.value().size(), c = rows > 0 ? n / rows : 0;
+      // NHWC: the copy reorders [H*W][C] into [C][H*W]; NCHW: a plain copy (one channel of all).
+      const index_t ch = Layout == layout::nhwc ? xs[xs.rank - 1] : 1, hw = ch > 0 ? c / ch : 0;
       V out{typename V::tensor_type(Shape{rows, c})};
       const T* X = x.value().data();
       T* Y = out.value().data();
-      tape.exec().for_each_element(1, n, detail::FlattenCopy<T>{X, Y}, kind::copy, "flatten",
+      tape.exec().for_each_element(1, n, detail::ChannelsCopy<T>{X, Y, ch, hw, false, false}, kind::copy, "flatten",
                                    std::size_t(n) * sizeof(T) * 2);
       if (!x.requires_grad() || !tape.recording()) return out;
       out.set_requires_grad(true);
-      tape.record(out, {x.data()}, [xd = x.data(), n](Exec& exec, auto& od) {
+      tape.record(out, {x.data()}, [xd = x.data(), n, ch, hw](Exec& exec, auto& od) {
         if (!od.grad_valid || !xd->requires_grad) return;
         const bool add = xd->grad_valid;
         T* dx = xd->ensure_grad();
         const T* G = od.grad.data();
-        exec.for_each_element(1, n, detail::FlattenBackward<T>{dx, G, add}, kind::copy,
+        exec.for_each_element(1, n, detail::ChannelsCopy<T>{G, dx, ch, hw, true, add}, kind::copy,
                               "flatten_backward", std::size_t(n) * sizeof(T) * 2);
         xd->grad_valid = true;
       });
@@ -264,5 +277,6 @@ struct Flatten {
     }
   }
 };
+using Flatten = FlattenLayout<layout::nchw>;
 
 }  // namespace kiln::nn

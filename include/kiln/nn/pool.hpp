@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/backend/cpu/pool2d.hpp"
+#include "kiln/backend/cpu/pool2d_nhwc.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 
@@ -66,28 +67,33 @@ void put_input_grad(Node& xd, const F& compute) {
   xd.grad_valid = true;
 }
 
-// The shared body of MaxPool2d and AvgPool2d.
-template <class Layer, bool Max, class Exec, class T, class S, index_t B, index_t C, index_t H, index_t W>
-auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) {
+// The shared body of MaxPool2d and AvgPool2d, in the layer's layout.
+template <class Layer, bool Max, class Exec, class T, class S, index_t B, index_t D1, index_t D2, index_t D3>
+auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
   check_pool_space<Exec, S>();
-  using Out = batch_var_t<T, S, B, typename pool_accepts<Layer, sample<C, H, W>>::type>;
+  constexpr layout L = Layer::image_layout;
+  constexpr bool nhwc = L == layout::nhwc;
+  using Out = image_var_t<T, S, B, typename pool_accepts<Layer, image_sample_t<L, D1, D2, D3>>::type, L>;
   const Shape xs = x.shape();
-  KILN_CHECK(xs.rank == 4, ShapeError, Layer::describe(), ": the input must be [N, C, H, W], got ", xs.str());
-  const cpu::Pool2dShape s{.n = xs[0], .c = xs[1], .h = xs[2], .w = xs[3], .kh = Layer::kernel, .kw = Layer::kernel,
-                           .stride_h = Layer::stride, .stride_w = Layer::stride, .pad_h = Layer::padding,
-                           .pad_w = Layer::padding};
+  KILN_CHECK(xs.rank == 4, ShapeError, Layer::describe(), ": the input must be ",
+             nhwc ? "[N, H, W, C]" : "[N, C, H, W]", ", got ", xs.str());
+  const cpu::Pool2dShape s{.n = xs[0], .c = xs[nhwc ? 3 : 1], .h = xs[nhwc ? 1 : 2], .w = xs[nhwc ? 2 : 3],
+                           .kh = Layer::kernel, .kw = Layer::kernel, .stride_h = Layer::stride,
+                           .stride_w = Layer::stride, .pad_h = Layer::padding, .pad_w = Layer::padding};
   s.check(Layer::name);
-  Out out{typename Out::tensor_type(Shape{s.n, s.c, s.out_h(), s.out_w()})};
+  Out out{typename Out::tensor_type(nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c} : Shape{s.n, s.c, s.out_h(), s.out_w()})};
   const index_t y_size = out.value().size();
   const std::size_t bytes = std::size_t(xs.size() + y_size) * sizeof(T);
   tape.exec().stats().count(kind::other, Layer::name, y_size, bytes);
   const bool record = x.requires_grad() && tape.recording();
   auto argmax = std::make_shared<std::vector<std::int64_t>>(Max && record ? std::size_t(y_size) : 0);
-  if constexpr (Max) {
-    cpu::max_pool2d_forward(s, x.value().data(), out.value().data(), argmax->empty() ? nullptr : argmax->data());
-  } else {
-    cpu::avg_pool2d_forward(s, x.value().data(), out.value().data(), Layer::count_include_pad);
-  }
+  std::int64_t* arg = argmax->empty() ? nullptr : argmax->data();
+  const T* X = x.value().data();
+  T* Y = out.value().data();
+  if constexpr (Max && nhwc) cpu::max_pool2d_nhwc_forward(s, X, Y, arg);
+  else if constexpr (Max) cpu::max_pool2d_forward(s, X, Y, arg);
+  else if constexpr (nhwc) cpu::avg_pool2d_nhwc_forward(s, X, Y, Layer::count_include_pad);
+  else cpu::avg_pool2d_forward(s, X, Y, Layer::count_include_pad);
   if (!record) return out;
   out.set_requires_grad(true);
   tape.record(out, {x.data()}, [xd = x.data(), argmax, s, bytes](Exec& exec, auto& od) {
@@ -95,7 +101,9 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) {
     exec.stats().count(kind::other, std::string(Layer::name) + "_backward", xd->value.size(), bytes);
     const T* G = od.grad.data();
     put_input_grad(*xd, [&](T* dx) {
-      if constexpr (Max) cpu::max_pool2d_backward(s, G, argmax->data(), dx);
+      if constexpr (Max && nhwc) cpu::max_pool2d_nhwc_backward(s, G, argmax->data(), dx);
+      else if constexpr (Max) cpu::max_pool2d_backward(s, G, argmax->data(), dx);
+      else if constexpr (nhwc) cpu::avg_pool2d_nhwc_backward(s, G, dx, Layer::count_include_pad);
       else cpu::avg_pool2d_backward(s, G, dx, Layer::count_include_pad);
     });
   });
@@ -104,28 +112,32 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) {
 
 }  // namespace detail
 
-template <index_t Kernel, index_t Stride = Kernel, index_t Padding = 0>
+template <index_t Kernel, index_t Stride = Kernel, index_t Padding = 0, layout Layout = layout::nchw>
 struct MaxPool2d {
   static_assert(Kernel > 0 && Stride > 0 && Padding >= 0 && 2 * Padding <= Kernel,
                 "kiln::nn::MaxPool2d<Kernel, Stride, Padding>: kernel and stride must be positive and padding at "
                 "most half the kernel");
   static constexpr index_t kernel = Kernel, stride = Stride, padding = Padding;
   static constexpr const char* name = "max_pool2d";
+  static constexpr layout image_layout = Layout;
+  template <layout L>
+  using with_layout = MaxPool2d<Kernel, Stride, Padding, L>;
   template <class In>
   using output_sample = typename detail::pool_accepts<MaxPool2d, In>::type;
 
-  template <class Exec, class T, class S, index_t B, index_t C, index_t H, index_t W>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) const {
+  template <class Exec, class T, class S, index_t B, index_t D1, index_t D2, index_t D3>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) const {
     return detail::pool2d<MaxPool2d, true>(tape, x);
   }
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
   static std::string describe() {
-    return "MaxPool2d<" + std::to_string(Kernel) + (Stride != Kernel ? ", stride " + std::to_string(Stride) : "") +
+    return std::string(Layout == layout::nhwc ? "MaxPool2d[nhwc]<" : "MaxPool2d<") + std::to_string(Kernel) + (Stride != Kernel ? ", stride " + std::to_string(Stride) : "") +
            (Padding ? ", pad " + std::to_string(Padding) : "") + ">";
   }
 };
 
-template <index_t Kernel, index_t Stride = Kernel, index_t Padding = 0, bool CountIncludePad = true>
+template <index_t Kernel, index_t Stride = Kernel, index_t Padding = 0, bool CountIncludePad = true,
+          layout Layout = layout::nchw>
 struct AvgPool2d {
   static_assert(Kernel > 0 && Stride > 0 && Padding >= 0 && 2 * Padding <= Kernel,
                 "kiln::nn::AvgPool2d<Kernel, Stride, Padding>: kernel and stride must be positive and padding at "
@@ -133,16 +145,19 @@ struct AvgPool2d {
   static constexpr index_t kernel = Kernel, stride = Stride, padding = Padding;
   static constexpr bool count_include_pad = CountIncludePad;
   static constexpr const char* name = "avg_pool2d";
+  static constexpr layout image_layout = Layout;
+  template <layout L>
+  using with_layout = AvgPool2d<Kernel, Stride, Padding, CountIncludePad, L>;
   template <class In>
   using output_sample = typename detail::pool_accepts<AvgPool2d, In>::type;
 
-  template <class Exec, class T, class S, index_t B, index_t C, index_t H, index_t W>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) const {
+  template <class Exec, class T, class S, index_t B, index_t D1, index_t D2, index_t D3>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) const {
     return detail::pool2d<AvgPool2d, false>(tape, x);
   }
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
   static std::string describe() {
-    return "AvgPool2d<" + std::to_string(Kernel) + (Stride != Kernel ? ", stride " + std::to_string(Stride) : "") +
+    return std::string(Layout == layout::nhwc ? "AvgPool2d[nhwc]<" : "AvgPool2d<") + std::to_string(Kernel) + (Stride != Kernel ? ", stride " + std::to_string(Stride) : "") +
            (Padding ? ", pad " + std::to_string(Padding) : "") + (CountIncludePad ? ">" : ", exclude pad>");
   }
 };
@@ -165,35 +180,46 @@ struct global_pool_accepts<sample<C, H, W>> {
 };
 }  // namespace detail
 
-// The mean of every channel's plane: [N, C, H, W] -> [N, C].
-struct GlobalAvgPool {
+// The mean of every channel's plane: [N, C, H, W] (or [N, H, W, C]) -> [N, C]. GlobalAvgPool is
+// the NCHW one; GlobalAvgPoolLayout<layout::nhwc> (what with_layout gives) the channels-last one.
+template <layout Layout>
+struct GlobalAvgPoolLayout {
+  static constexpr layout image_layout = Layout;
+  template <layout L>
+  using with_layout = GlobalAvgPoolLayout<L>;
   template <class In>
   using output_sample = typename detail::global_pool_accepts<In>::type;
 
-  template <class Exec, class T, class S, index_t B, index_t C, index_t H, index_t W>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C, H, W>& x) const {
+  template <class Exec, class T, class S, index_t B, index_t D1, index_t D2, index_t D3>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) const {
     detail::check_pool_space<Exec, S>();
-    using Out = ag::Var<T, S, B, C>;
+    constexpr bool nhwc = Layout == layout::nhwc;
+    using Out = ag::Var<T, S, B, nhwc ? D3 : D1>;
     const Shape xs = x.shape();
-    const index_t n = xs[0], c = xs[1], h = xs[2], w = xs[3];
-    KILN_CHECK(xs.rank == 4 && xs.size() > 0, ShapeError, "GlobalAvgPool: the input must be a non-empty [N, C, H, W], got ",
-               xs.str());
+    KILN_CHECK(xs.rank == 4 && xs.size() > 0, ShapeError, "GlobalAvgPool: the input must be a non-empty ",
+               nhwc ? "[N, H, W, C]" : "[N, C, H, W]", ", got ", xs.str());
+    const index_t n = xs[0], c = xs[nhwc ? 3 : 1], h = xs[nhwc ? 1 : 2], w = xs[nhwc ? 2 : 3];
     Out out{typename Out::tensor_type(Shape{n, c})};
     const std::size_t bytes = std::size_t(xs.size() + n * c) * sizeof(T);
     tape.exec().stats().count(kind::reduce, "global_avg_pool", n * c, bytes);
-    cpu::global_avg_pool_forward(n, c, h, w, x.value().data(), out.value().data());
+    if constexpr (nhwc) cpu::global_avg_pool_nhwc_forward(n, c, h, w, x.value().data(), out.value().data());
+    else cpu::global_avg_pool_forward(n, c, h, w, x.value().data(), out.value().data());
     if (!x.requires_grad() || !tape.recording()) return out;
     out.set_requires_grad(true);
     tape.record(out, {x.data()}, [xd = x.data(), n, c, h, w, bytes](Exec& exec, auto& od) {
       if (!od.grad_valid || !xd->requires_grad) return;
       exec.stats().count(kind::other, "global_avg_pool_backward", xd->value.size(), bytes);
       const T* G = od.grad.data();
-      detail::put_input_grad(*xd, [&](T* dx) { cpu::global_avg_pool_backward(n, c, h, w, G, dx); });
+      detail::put_input_grad(*xd, [&](T* dx) {
+        if constexpr (nhwc) cpu::global_avg_pool_nhwc_backward(n, c, h, w, G, dx);
+        else cpu::global_avg_pool_backward(n, c, h, w, G, dx);
+      });
     });
     return out;
   }
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
-  static std::string describe() { return "GlobalAvgPool"; }
+  static std::string describe() { return Layout == layout::nhwc ? "GlobalAvgPool[nhwc]" : "GlobalAvgPool"; }
 };
+using GlobalAvgPool = GlobalAvgPoolLayout<layout::nchw>;
 
 }  // namespace kiln::nn

@@ -35,10 +35,13 @@ struct unflatten_accepts<C, H, W, sample<N>> {
 };
 }  // namespace detail
 
-template <index_t C, index_t H, index_t W>
+// Layout nhwc (what with_layout gives) makes [B, H, W, C] from the same C, H, W-ordered rows.
+template <index_t C, index_t H, index_t W, layout Layout = layout::nchw>
 struct Unflatten {
   static_assert(C > 0 && H > 0 && W > 0, "kiln::nn::Unflatten<C, H, W>: the sizes must be positive");
   static constexpr index_t in_features = C * H * W;
+  template <layout L>
+  using with_layout = Unflatten<C, H, W, L>;
   template <class In>
   using output_sample = typename detail::unflatten_accepts<C, H, W, In>::type;
 
@@ -48,18 +51,21 @@ struct Unflatten {
                   "kiln::nn::Unflatten<C, H, W>: the input's rows must hold C*H*W values");
     KILN_CHECK(x.dim(1) == C * H * W, ShapeError, "Unflatten<", C, ", ", H, ", ", W, ">: the input has shape ",
                x.shape().str(), "; its rows must hold ", C * H * W, " values");
-    using V = ag::Var<T, S, B, C, H, W>;
+    constexpr bool nhwc = Layout == layout::nhwc;
+    using V = image_var_t<T, S, B, sample<C, H, W>, Layout>;
     const index_t rows = x.dim(0), n = x.value().size();
-    V out{typename V::tensor_type(Shape{rows, C, H, W})};
-    tape.exec().for_each_element(1, n, detail::FlattenCopy<T>{x.value().data(), out.value().data()}, kind::copy,
-                                 "unflatten", std::size_t(n) * sizeof(T) * 2);
+    V out{typename V::tensor_type(nhwc ? Shape{rows, H, W, C} : Shape{rows, C, H, W})};
+    // NCHW: a plain copy (one "channel" of all the values); NHWC: [C][H*W] into [H*W][C].
+    constexpr index_t ch = nhwc ? C : 1, hw = C * H * W / ch;
+    tape.exec().for_each_element(1, n, detail::ChannelsCopy<T>{x.value().data(), out.value().data(), ch, hw, true, false},
+                                 kind::copy, "unflatten", std::size_t(n) * sizeof(T) * 2);
     if (!x.requires_grad() || !tape.recording()) return out;
     out.set_requires_grad(true);
     tape.record(out, {x.data()}, [xd = x.data(), n](Exec& exec, auto& od) {
       if (!od.grad_valid || !xd->requires_grad) return;
       const bool add = xd->grad_valid;
       T* dx = xd->ensure_grad();
-      exec.for_each_element(1, n, detail::FlattenBackward<T>{dx, od.grad.data(), add}, kind::copy,
+      exec.for_each_element(1, n, detail::ChannelsCopy<T>{od.grad.data(), dx, ch, hw, false, add}, kind::copy,
                             "unflatten_backward", std::size_t(n) * sizeof(T) * 2);
       xd->grad_valid = true;
     });
@@ -67,7 +73,7 @@ struct Unflatten {
   }
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
   static std::string describe() {
-    return "Unflatten<" + std::to_string(C) + ", " + std::to_string(H) + ", " + std::to_string(W) + ">";
+    return std::string(Layout == layout::nhwc ? "Unflatten[nhwc]<" : "Unflatten<") + std::to_string(C) + ", " + std::to_string(H) + ", " + std::to_string(W) + ">";
   }
 };
 

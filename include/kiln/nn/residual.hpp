@@ -61,6 +61,9 @@ class Residual {
   using space = typename Body::space;
   template <class S>
   using on = Residual<typename detail::rebind_space<Body, S>::type, typename detail::rebind_space<Shortcut, S>::type>;
+  template <layout L>
+  using with_layout =
+      Residual<typename detail::rebind_layout<Body, L>::type, typename detail::rebind_layout<Shortcut, L>::type>;
   static constexpr bool has_projection = !std::is_void_v<Shortcut>;
 
   explicit Residual(Generator& gen) : body_(detail::make_layer<Body>(gen)), shortcut_(detail::make_layer<SC>(gen)) {}

@@ -26,6 +26,13 @@
 
 namespace kiln::nn {
 
+// How an image batch is laid out in memory: [N, C, H, W] (PyTorch's default) or channels-last
+// [N, H, W, C] (PyTorch's channels_last memory format). Samples are always described logically,
+// sample<C, H, W>; a layer's Layout parameter says how its variables hold them, and
+// Model::with_layout<layout::nhwc> (Sequential, Residual) rebinds every image layer at once — the
+// counterpart of model.to(memory_format=torch.channels_last).
+enum class layout { nchw, nhwc };
+
 // One sample's shape: the sizes after the batch dimension.
 template <index_t... D>
 struct sample {
@@ -138,6 +145,39 @@ struct batch_var<T, S, B, sample<D...>> {
 // The variable [B, ...Sample] (B the batch extent).
 template <class T, class S, index_t B, class Sample>
 using batch_var_t = typename detail::batch_var<T, S, B, Sample>::type;
+
+namespace detail {
+template <class T, class S, index_t B, class Sample, layout L>
+struct image_var {
+  using type = batch_var_t<T, S, B, Sample>;
+};
+template <class T, class S, index_t B, index_t C, index_t H, index_t W>
+struct image_var<T, S, B, sample<C, H, W>, layout::nhwc> {
+  using type = ag::Var<T, S, B, H, W, C>;
+};
+}  // namespace detail
+
+// The variable holding a batch of Sample in layout L: [B, C, H, W] or [B, H, W, C] for an image,
+// [B, ...Sample] otherwise.
+template <class T, class S, index_t B, class Sample, layout L>
+using image_var_t = typename detail::image_var<T, S, B, Sample, L>::type;
+
+// The logical sample of an image variable's extents [B, D1, D2, D3] in layout L.
+template <layout L, index_t D1, index_t D2, index_t D3>
+using image_sample_t = std::conditional_t<L == layout::nchw, sample<D1, D2, D3>, sample<D3, D1, D2>>;
+
+namespace detail {
+// L with its image layers in layout Y (L::with_layout<Y>), or L itself (no spatial layout).
+template <class L, layout Y>
+struct rebind_layout {
+  using type = L;
+};
+template <class L, layout Y>
+  requires requires { typename L::template with_layout<Y>; }
+struct rebind_layout<L, Y> {
+  using type = typename L::template with_layout<Y>;
+};
+}  // namespace detail
 
 // What layer L makes of input sample In (any_sample when L does not say).
 template <class L, class In>

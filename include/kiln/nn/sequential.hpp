@@ -236,6 +236,10 @@ class Sequential {
   // The same model with every layer that has a space rebound to S (Linear<..., S>).
   template <class S>
   using on = Sequential<typename detail::rebind_space<Layers, S>::type...>;
+  // The same model with every image layer in layout L (nn/sample_shape.hpp): with_layout<
+  // layout::nhwc> is channels-last, computing the same function with the same parameters.
+  template <layout L>
+  using with_layout = Sequential<typename detail::rebind_layout<Layers, L>::type...>;
 
   // The first layer's input size and the last layer's output size that are fixed (dyn if none).
   static constexpr index_t in_features = [] {

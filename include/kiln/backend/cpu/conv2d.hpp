@@ -7,7 +7,7 @@
 //                            .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1};
 //   kiln::cpu::conv2d_forward(s, x, w, bias, y);
 //
-// Images are taken in chunks (as many as keep the column matrix under ~16 MiB); a chunk is ONE
+// Images are taken in chunks (as many as keep the column matrix under ~4 MiB); a chunk is ONE
 // GEMM against its column matrix col [Cin*KH*KW, images*OH*OW], where
 // col[(c*KH + i)*KW + j][img*OH*OW + oh*OW + ow] = x[img][c][oh*sh - ph + i*dh][ow*sw - pw + j*dw]
 // (0 outside), so a small image still gives a wide GEMM. The GEMM writes [Cout, images*OH*OW];
@@ -149,13 +149,15 @@ void col2im_add(const Conv2dShape& s, const T* col, index_t ld, T* dx) {
 }
 
 // Images per chunk: a chunk's column matrix [Cin*KH*KW, images*OH*OW] stays under about
-// 16 MiB, so the GEMM gets a long dimension of many images' outputs (small images give tiny
-// per-image GEMMs) without the scratch growing with the batch. The chunking depends only on
-// the shape, never on the thread count, so results are the same at every thread count.
+// 4 MiB, so the GEMM gets a long dimension of many images' outputs (small images give tiny
+// per-image GEMMs) without the scratch growing with the batch, and the columns are still in cache
+// when the GEMM packs them (4 MiB measured 15-35% faster than 16 MiB at ResNet shapes, both
+// layouts, one thread). The chunking depends only on the shape, never on the thread count, so
+// results are the same at every thread count.
 template <class T>
 index_t conv2d_chunk(const Conv2dShape& s) {
   const index_t per_image = std::max<index_t>(1, s.col_rows() * s.out_h() * s.out_w());
-  return std::clamp<index_t>(index_t((std::size_t(16) << 20) / sizeof(T)) / per_image, 1, s.n);
+  return std::clamp<index_t>(index_t((std::size_t(4) << 20) / sizeof(T)) / per_image, 1, s.n);
 }
 
 // Scratch reused across calls on this thread (col, and the output or gradient in [C, images*OH*OW]

@@ -1,0 +1,234 @@
+// kiln/backend/cpu/conv2d_nhwc.hpp — 2-D convolution on the CPU, channels-last (NHWC).
+//
+//   x [N, H, W, Cin], w [Cout, Cin, KH, KW] (PyTorch's layout, as conv2d.hpp), bias [Cout],
+//   y [N, OH, OW, Cout]; Conv2dShape, float or double, threads and errors as conv2d.hpp.
+//
+// A chunk of images is ONE GEMM against col [images*OH*OW, KH*KW*Cin] whose row for output pixel
+// (img, oh, ow) is that pixel's patch in (i, j, c) order, so a tap copies Cin contiguous values
+// (a whole KW*Cin run when dil_w == 1). With the weight permuted to wp [Cout, KH*KW*Cin],
+// Y = col * wp^T comes out in NHWC already; backward data is dcol = dY * wp then a col2im
+// scatter-add, backward filter dwp += dY^T * col, permuted back. dy is used in place: no gather.
+// 1x1 stride-1 unpadded convolutions skip im2col: x's rows are the column matrix.
+// Chunks depend on the shape only, so results are the same at any thread count.
+#pragma once
+
+#include <algorithm>
+
+#include "kiln/backend/cpu/conv2d.hpp"
+
+namespace kiln::cpu {
+
+namespace detail {
+
+// Scratch slots, distinct from conv2d.hpp's 0 and 1 so mixed-layout networks keep both warm.
+inline constexpr int conv_nhwc_slot_w = 2, conv_nhwc_slot_col = 3, conv_nhwc_slot_z = 4;
+
+// x's rows serve as the column matrix (K = Cin, one row per output pixel).
+inline bool conv2d_nhwc_pointwise(const Conv2dShape& s) {
+  return s.kh == 1 && s.kw == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h == 0 &&
+         s.pad_w == 0;
+}
+
+// wp[co][(i*KW + j)*Cin + c] = w[co][c][i][j] (ToPatch), or the inverse.
+template <bool ToPatch, class T>
+void conv2d_nhwc_permute(const Conv2dShape& s, const T* from, T* to) {
+  const index_t taps = s.kh * s.kw;
+  for (index_t co = 0; co < s.c_out; ++co)
+    for (index_t c = 0; c < s.c_in; ++c)
+      for (index_t t = 0; t < taps; ++t) {
+        const index_t nchw = (co * s.c_in + c) * taps + t, patch = (co * taps + t) * s.c_in + c;
+        if constexpr (ToPatch) to[patch] = from[nchw];
+        else to[nchw] = from[patch];
+      }
+}
+
+// Visits the taps of output pixel (oh, ow) that land inside image x_n [H, W, Cin]:
+// f(offset in the patch, offset in the image, count), each a contiguous run (a whole kernel row
+// when dil_w == 1); pad(offset in the patch, count) for the runs that read padding. The callers'
+// copy loops are inlined here; runs are short for a small Cin (3 values for an RGB input), so
+// they stay loops rather than memcpy / memset calls, as in conv2d.hpp's im2col.
+template <class F, class P>
+KILN_CONV_INLINE_COPIES void conv2d_nhwc_taps(const Conv2dShape& s, index_t oh, index_t ow,
+                                              const F& f, const P& pad) {
+  const index_t ih0 = oh * s.stride_h - s.pad_h, iw0 = ow * s.stride_w - s.pad_w, cin = s.c_in;
+  const index_t row = s.kw * cin;
+  // tap_range with stride = dilation and pad = -origin: the kernel rows / columns inside the image.
+  const TapRange ri = tap_range(s.kh, s.dil_h, -ih0, 0, s.h);
+  const TapRange rj = tap_range(s.kw, s.dil_w, -iw0, 0, s.w);
+  pad(0, ri.lo * row);
+  for (index_t i = ri.lo; i < ri.hi; ++i) {
+    const index_t p = i * row, x0 = ((ih0 + i * s.dil_h) * s.w + iw0) * cin;
+    pad(p, rj.lo * cin);
+    if (s.dil_w == 1) {
+      f(p + rj.lo * cin, x0 + rj.lo * cin, (rj.hi - rj.lo) * cin);
+    } else {
+      for (index_t j = rj.lo; j < rj.hi; ++j) f(p + j * cin, x0 + j * s.dil_w * cin, cin);
+    }
+    pad(p + rj.hi * cin, (s.kw - rj.hi) * cin);
+  }
+  pad(ri.hi * row, (s.kh - ri.hi) * row);
+}
+
+// col rows for output row oh of image x_n: OW patches of K values.
+template <class T>
+void im2col_nhwc(const Conv2dShape& s, const T* x_n, index_t oh, T* col) {
+  const index_t k = s.col_rows();
+  for (index_t ow = 0; ow < s.out_w(); ++ow) {
+    T* out = col + ow * k;
+    conv2d_nhwc_taps(
+        s, oh, ow,
+        [&](index_t p, index_t q, index_t len) {
+          for (index_t e = 0; e < len; ++e) out[p + e] = x_n[q + e];
+        },
+        [&](index_t p, index_t len) {
+          for (index_t e = 0; e < len; ++e) out[p + e] = T(0);
+        });
+  }
+}
+
+// dx_n += col2im(dcol) for one image: the adjoint of im2col_nhwc, pixels in order.
+template <class T>
+void col2im_nhwc_add(const Conv2dShape& s, const T* dcol, T* dx_n) {
+  const index_t k = s.col_rows(), ow_n = s.out_w();
+  for (index_t oh = 0; oh < s.out_h(); ++oh)
+    for (index_t ow = 0; ow < ow_n; ++ow) {
+      const T* in = dcol + (oh * ow_n + ow) * k;
+      conv2d_nhwc_taps(
+          s, oh, ow,
+          [&](index_t p, index_t q, index_t len) {
+            for (index_t e = 0; e < len; ++e) dx_n[q + e] += in[p + e];
+          },
+          [](index_t, index_t) {});
+    }
+}
+
+// The chunk's column matrix: x's rows themselves for a pointwise convolution, else im2col into
+// scratch, split over (image, output row).
+template <class T>
+const T* conv2d_nhwc_columns(const Conv2dShape& s, const T* x, index_t n0, index_t cn,
+                             int threads) {
+  const index_t hwc = s.h * s.w * s.c_in;
+  if (conv2d_nhwc_pointwise(s)) return x + n0 * hwc;
+  const index_t oh_n = s.out_h(), k = s.col_rows(), ohw = oh_n * s.out_w();
+  T* col = conv2d_scratch<T, conv_nhwc_slot_col>(std::size_t(conv2d_chunk<T>(s) * ohw * k));
+  conv2d_parallel(cn * oh_n, threads, [&](index_t r) {
+    const index_t i = r / oh_n, oh = r % oh_n;
+    im2col_nhwc(s, x + (n0 + i) * hwc, oh, col + (i * ohw + oh * s.out_w()) * k);
+  });
+  return col;
+}
+
+}  // namespace detail
+
+// y = epilogue(conv(x, w)): for each output pixel row = n*OH*OW + oh*OW + ow, the chunk's GEMM
+// values z [Cout] are handed to epi(row, z, y + row*Cout, Cout), which writes y's row (and
+// whatever else it keeps) while z is in cache.
+template <class T, class Epilogue>
+void conv2d_nhwc_forward_epilogue(const Conv2dShape& s, const T* x, const T* w, T* y, int threads,
+                                  const Epilogue& epi) {
+  static_assert(detail::conv2d_type_ok<T>,
+                "kiln::cpu::conv2d_nhwc_forward: T must be float or double");
+  s.check("kiln::cpu::conv2d_nhwc_forward");
+  threads = detail::conv2d_threads(threads);
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
+  const index_t chunk = detail::conv2d_chunk<T>(s);
+  T* wp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
+  T* z = detail::conv2d_scratch<T, detail::conv_nhwc_slot_z>(std::size_t(chunk * ohw * s.c_out));
+  detail::conv2d_nhwc_permute<true>(s, w, wp);
+  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+    const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
+    const T* col = detail::conv2d_nhwc_columns(s, x, n0, cn, threads);
+    gemm<T>(trans::no, trans::yes, rows, s.c_out, k, T(1), col, k, wp, k, T(0), z, s.c_out,
+            threads);
+    const index_t r0 = n0 * ohw;
+    detail::conv2d_parallel(rows, threads, [&](index_t r) {
+      epi(r0 + r, z + r * s.c_out, y + (r0 + r) * s.c_out, s.c_out);
+    });
+  }
+}
+
+// y = conv(x, w) + bias. bias may be nullptr. y is overwritten (never read).
+template <class T>
+void conv2d_nhwc_forward(const Conv2dShape& s, const T* x, const T* w, const T* bias, T* y,
+                         int threads = 0) {
+  conv2d_nhwc_forward_epilogue(s, x, w, y, threads, [bias](index_t, const T* z, T* yr, index_t c) {
+    if (bias) {
+      for (index_t p = 0; p < c; ++p) yr[p] = z[p] + bias[p];
+    } else {
+      std::copy(z, z + c, yr);
+    }
+  });
+}
+
+// dx = d(sum y * dy)/dx for y = conv2d_nhwc_forward(x, w): dcol = dY * wp, then col2im.
+// dx is overwritten.
+template <class T>
+void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T* dx,
+                               int threads = 0) {
+  static_assert(detail::conv2d_type_ok<T>,
+                "kiln::cpu::conv2d_nhwc_backward_data: T must be float or double");
+  s.check("kiln::cpu::conv2d_nhwc_backward_data");
+  threads = detail::conv2d_threads(threads);
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
+  const index_t chunk = detail::conv2d_chunk<T>(s);
+  const bool pointwise = detail::conv2d_nhwc_pointwise(s);
+  T* wp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
+  T* dcol = pointwise ? nullptr
+                      : detail::conv2d_scratch<T, detail::conv_nhwc_slot_col>(
+                            std::size_t(chunk * ohw * k));
+  detail::conv2d_nhwc_permute<true>(s, w, wp);
+  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+    const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
+    const T* dyc = dy + n0 * ohw * s.c_out;
+    if (pointwise) {  // dcol is dx's rows
+      gemm<T>(trans::no, trans::no, rows, k, s.c_out, T(1), dyc, s.c_out, wp, k, T(0),
+              dx + n0 * hwc, k, threads);
+      continue;
+    }
+    gemm<T>(trans::no, trans::no, rows, k, s.c_out, T(1), dyc, s.c_out, wp, k, T(0), dcol, k,
+            threads);
+    detail::conv2d_parallel(cn, threads, [&](index_t i) {
+      T* dxn = dx + (n0 + i) * hwc;
+      std::fill(dxn, dxn + hwc, T(0));
+      detail::col2im_nhwc_add(s, dcol + i * ohw * k, dxn);
+    });
+  }
+}
+
+// dw = sum over pixels of dy (x) patch, permuted back to [Cout, Cin, KH, KW]; dbias = sum of dy
+// over n, oh, ow in double (skipped when dbias is nullptr). dw and dbias are overwritten.
+template <class T>
+void conv2d_nhwc_backward_filter(const Conv2dShape& s, const T* x, const T* dy, T* dw, T* dbias,
+                                 int threads = 0) {
+  static_assert(detail::conv2d_type_ok<T>,
+                "kiln::cpu::conv2d_nhwc_backward_filter: T must be float or double");
+  s.check("kiln::cpu::conv2d_nhwc_backward_filter");
+  threads = detail::conv2d_threads(threads);
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
+  const index_t chunk = detail::conv2d_chunk<T>(s);
+  T* dwp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
+  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+    const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
+    const T* col = detail::conv2d_nhwc_columns(s, x, n0, cn, threads);
+    // beta = 0 on the first chunk: dw need not be initialised by the caller.
+    gemm<T>(trans::yes, trans::no, s.c_out, k, rows, T(1), dy + n0 * ohw * s.c_out, s.c_out, col,
+            k, n0 == 0 ? T(0) : T(1), dwp, k, threads);
+  }
+  detail::conv2d_nhwc_permute<false>(s, dwp, dw);
+  if (dbias == nullptr) return;
+  // Blocks of channels, each summing every row in order (the order conv2d_backward_filter uses,
+  // so dbias matches it bit for bit); a row's block is contiguous, so the adds vectorise.
+  constexpr index_t block = 32;
+  const index_t rows = s.n * ohw;
+  detail::conv2d_parallel((s.c_out + block - 1) / block, threads, [&](index_t b) {
+    const index_t c0 = b * block, cb = std::min(block, s.c_out - c0);
+    double acc[block] = {};
+    for (index_t r = 0; r < rows; ++r) {
+      const T* p = dy + r * s.c_out + c0;
+      for (index_t c = 0; c < cb; ++c) acc[c] += double(p[c]);
+    }
+    for (index_t c = 0; c < cb; ++c) dbias[c0 + c] = T(acc[c]);
+  });
+}
+
+}  // namespace kiln::cpu
