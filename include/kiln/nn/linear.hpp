@@ -206,6 +206,10 @@ struct ChannelsCopy {
   index_t c, hw;
   bool to_last, add;
   KILN_HOST_DEVICE void operator()(index_t, index_t i) const {
+    if (c == 1) {  // one channel: both orders are the same, a plain copy
+      put_grad(y[i], x[i], add);
+      return;
+    }
     const index_t per = c * hw, n = i / per, r = i - n * per, ch = r / hw, p = r - ch * hw;
     const index_t last = n * per + p * c + ch;
     if (to_last) put_grad(y[last], x[i], add);

@@ -80,29 +80,50 @@ inline PoolWindow pool_window(const Pool2dShape& s, index_t oh, index_t ow) {
 
 // Max pooling with a 2x2 window and stride 2, no padding: the same results as the general loop
 // (row-major window order, the first maximum wins ties, the first NaN wins over everything).
+// Outputs go in blocks of 16: the four window values are gathered into arrays first (stride-2
+// loads), so the compare-and-select loop runs on contiguous lanes and vectorises; the window
+// position is kept as an int32 until it is stored.
 template <class T>
 void max_pool2x2(const Pool2dShape& s, const T* x, T* y, std::int64_t* argmax) {
-  const index_t oh_n = s.out_h(), ow_n = s.out_w(), hw = s.h * s.w, ohw = oh_n * ow_n;
+  constexpr index_t B = 16;
+  const index_t oh_n = s.out_h(), ow_n = s.out_w(), hw = s.h * s.w, ohw = oh_n * ow_n, w = s.w;
   for (index_t p = 0; p < s.n * s.c; ++p) {
     const T* xp = x + p * hw;
-    T* yp = y + p * ohw;
-    std::int64_t* ap = argmax ? argmax + p * ohw : nullptr;
     for (index_t oh = 0; oh < oh_n; ++oh) {
-      const T* r0 = xp + 2 * oh * s.w;
-      const T* r1 = r0 + s.w;
-      for (index_t ow = 0; ow < ow_n; ++ow) {
-        const T v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
-        T best = v[0];
-        std::int64_t at = 0;
-        for (int k = 1; k < 4; ++k) {
-          // Taken when larger, or a NaN while the best so far is not one. Bitwise & and |, not
-          // && and ||: no branches, so the loop over ow vectorises.
-          const bool take = (v[k] > best) | ((v[k] != v[k]) & (best == best));
-          best = take ? v[k] : best;
-          at = take ? std::int64_t((k / 2) * s.w + k % 2) : at;
+      const T* r0 = xp + 2 * oh * w;
+      const T* r1 = r0 + w;
+      const index_t o = p * ohw + oh * ow_n;
+      for (index_t ow0 = 0; ow0 < ow_n; ow0 += B) {
+        const index_t nb = std::min(B, ow_n - ow0);
+        T v[4][B] = {};
+        for (index_t j = 0; j < nb; ++j) {
+          const index_t c = 2 * (ow0 + j);
+          v[0][j] = r0[c];
+          v[1][j] = r0[c + 1];
+          v[2][j] = r1[c];
+          v[3][j] = r1[c + 1];
         }
-        yp[oh * ow_n + ow] = best;
-        if (ap) ap[oh * ow_n + ow] = 2 * oh * s.w + 2 * ow + at;
+        T best[B];
+        std::int32_t at[B];
+        for (index_t j = 0; j < B; ++j) {
+          best[j] = v[0][j];
+          at[j] = 0;
+        }
+        for (int k = 1; k < 4; ++k)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 1  // fully unrolled, GCC 12 does not vectorise the selects
+#endif
+          for (index_t j = 0; j < B; ++j) {
+            // Taken when larger, or a NaN while the best so far is not one (bitwise & and |: no
+            // branches).
+            const bool take = (v[k][j] > best[j]) | ((v[k][j] != v[k][j]) & (best[j] == best[j]));
+            best[j] = take ? v[k][j] : best[j];
+            at[j] = take ? k : at[j];
+          }
+        for (index_t j = 0; j < nb; ++j) y[o + ow0 + j] = best[j];
+        if (argmax)
+          for (index_t j = 0; j < nb; ++j)
+            argmax[o + ow0 + j] = (2 * oh + at[j] / 2) * w + 2 * (ow0 + j) + at[j] % 2;
       }
     }
   }
