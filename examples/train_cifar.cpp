@@ -3,8 +3,8 @@
 // printing images/s per epoch. The binary CIFAR-10 (data_batch_1..5.bin, test_batch.bin from
 // https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz) is read from --data-dir; without it the
 // program says so and trains on synthetic images of the same shape (random pixels, random labels:
-// nothing to learn, but the throughput is real). Convolution runs on the CPU backend (the cuDNN
-// path is not written yet).
+// nothing to learn, but the throughput is real). Built by nvcc with cuDNN it trains on the GPU
+// when one is present (NCHW, convolution through cuDNN), otherwise on the CPU.
 //
 //   build/examples/train_cifar [--data-dir DIR] [--epochs 1] [--batch 128] [--lr 2e-3]
 //     [--synthetic-images 2048] [--seed 0] [--threads 1] [--layout nchw]
@@ -19,6 +19,11 @@
 #include "kiln/data/cifar.hpp"
 #include "kiln/models/convnets.hpp"
 #include "kiln/train.hpp"
+#if KILN_CUDA_COMPILER && defined(KILN_HAVE_CUDNN)
+#include "kiln/nn/cuda.cuh"
+#include "kiln/train.cuh"
+#define KILN_EXAMPLE_CUDA 1  // convolution needs cuDNN on the device
+#endif
 
 namespace {
 
@@ -96,19 +101,18 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-template <class Model>
+template <class Space, class Model>
 void train(const Options& o, const kiln::data::Dataset& train_set, const kiln::data::Dataset& test_set, bool real) {
-  kiln::CpuExecutor exec(o.threads);
-  Model model(o.seed);
-  std::printf("model: %s\ndevice: CPU, %d thread%s (convolution runs on the CPU backend; no cuDNN path yet)\n",
-              model.describe().c_str(), o.threads, o.threads == 1 ? "" : "s");
+  auto exec = kiln::make_executor<Space>(o.threads);
+  typename Model::template on<Space> model(o.seed);
+  std::printf("model: %s\n", model.describe().c_str());
   kiln::optim::AdamW opt(model, {.lr = o.lr, .weight_decay = 5e-4});
   kiln::train::Step step(model, opt, exec, kiln::policy<>{}, kiln::train::CrossEntropy{{.label_smoothing = 0.1}});
-  kiln::data::BatchLoader<kiln::host> loader(train_set, {.batch_size = o.batch, .seed = o.seed}, exec);
+  kiln::data::BatchLoader<Space> loader(train_set, {.batch_size = o.batch, .seed = o.seed}, exec);
   step.set_schedule(kiln::optim::CosineAnnealingLr(o.lr, loader.batches_per_epoch() * o.epochs));
   const kiln::data::AugmentOptions augment{.pad = 4, .flip = true, .scale = 1.0f / 255, .mean = cifar_mean,
                                            .stddev = cifar_std, .seed = o.seed};
-  std::vector<float> images;
+  kiln::Tensor<float, Space, kiln::dyn> images;  // the augmented batch, reused
   std::vector<double> rates;
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -117,12 +121,7 @@ void train(const Options& o, const kiln::data::Dataset& train_set, const kiln::d
     double loss_sum = 0;
     index_t seen = 0;
     while (const auto* batch = loader.next()) {
-      images.resize(batch->features.size());
-      kiln::data::augment(exec, batch->features.data(), images.data(), batch->size, 3, 32, 32, augment,
-                          std::uint64_t(epoch), std::uint64_t(batch->index * o.batch));
-      kiln::data::Batch augmented = *batch;
-      augmented.features = images;
-      step(augmented);
+      step(kiln::data::augment_batch(exec, *batch, images, 3, 32, 32, augment, o.batch));
       seen += batch->size;
       for (float loss : step.take_losses(/*require_finite=*/true)) loss_sum += loss;
     }
@@ -161,8 +160,23 @@ int main(int argc, char** argv) try {
                 (long long)train_set.n);
   }
   normalize(test_set);
-  if (o.layout == "nhwc") train<ResNet::with_layout<kiln::nn::layout::nhwc>>(o, train_set, test_set, real);
-  else train<ResNet>(o, train_set, test_set, real);
+#if KILN_EXAMPLE_CUDA
+  if (kiln::cu::device_available()) {
+    std::printf("device: CUDA (%s); convolution through cuDNN\n", kiln::cu::device_name().c_str());
+    KILN_CHECK(o.layout == "nchw", kiln::ValueError, "--layout ", o.layout,
+               ": on CUDA the convnet layers run NCHW only so far");
+    train<kiln::cuda, ResNet>(o, train_set, test_set, real);
+    return 0;
+  }
+  if (kiln::device_required()) return kiln::cu::report_no_device("train_cifar");  // KILN_REQUIRE_DEVICE
+  std::printf("device: CPU, %d thread%s (no CUDA device: %s)\n", o.threads, o.threads == 1 ? "" : "s",
+              kiln::cu::device_unavailable_reason().c_str());
+#else
+  KILN_CHECK(!kiln::device_required(), kiln::ValueError, "KILN_REQUIRE_DEVICE is set, but this build has no CUDA with cuDNN");
+  std::printf("device: CPU, %d thread%s\n", o.threads, o.threads == 1 ? "" : "s");
+#endif
+  if (o.layout == "nhwc") train<kiln::host, ResNet::with_layout<kiln::nn::layout::nhwc>>(o, train_set, test_set, real);
+  else train<kiln::host, ResNet>(o, train_set, test_set, real);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_cifar: %s\n", e.what());

@@ -1,8 +1,8 @@
 // train_cnn_digits — a small CNN learns digits20 (20×20 MNIST digits) with AdamW:
 // conv16-bn-relu-pool / conv32-bn-relu-pool / fc128 / fc10, PyTorch's layers and initialisation.
 // The model's type carries every size (a wrong one is a compile error); BatchNorm2d + ReLU and
-// Linear + ReLU run fused. Convolution, batch norm and pooling run on the CPU backend today (the
-// cuDNN path is not written yet), so this example trains on the CPU even in a CUDA build.
+// Linear + ReLU run fused. Built by nvcc with cuDNN it trains on the GPU when one is present
+// (NCHW; convolution through cuDNN), otherwise, and in host-only builds, on the CPU.
 //
 //   build/examples/train_cnn_digits --data-dir data [--epochs 10] [--batch 64] [--accumulate 1]
 //     [--lr 2e-3] [--lr-scaling sqrt] [--schedule cosine] [--crop-pad 1] [--label-smoothing 0.1] [--stance fused] [--seed 0] [--threads 1]
@@ -15,6 +15,11 @@
 #include "kiln/data/augment.hpp"
 #include "kiln/models/convnets.hpp"
 #include "kiln/train.hpp"
+#if KILN_CUDA_COMPILER && defined(KILN_HAVE_CUDNN)
+#include "kiln/nn/cuda.cuh"
+#include "kiln/train.cuh"
+#define KILN_EXAMPLE_CUDA 1  // convolution needs cuDNN on the device
+#endif
 
 namespace {
 
@@ -82,17 +87,17 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 // train_set holds raw pixels (0..255): every batch is augmented (random crop) and normalised by
 // `augment` as it is trained on. test_set is normalised already.
-template <class Model, class Policy>
+template <class Space, class Cnn, class Policy>
 void train(const Options& o, const kiln::data::Dataset& train_set, const kiln::data::Dataset& test_set,
            const kiln::data::AugmentOptions& augment) {
-  kiln::CpuExecutor exec(o.threads);
-  Model model(o.seed);
+  auto exec = kiln::make_executor<Space>(o.threads);
+  typename Cnn::template on<Space> model(o.seed);
   const index_t effective = o.batch * o.accumulate;
   const double lr = kiln::optim::scale_lr(kiln::optim::batch_scaling(o.lr_scaling), o.lr, base_batch, effective);
   kiln::optim::AdamW opt(model, {.lr = lr});
   kiln::train::Step step(model, opt, exec, Policy{}, kiln::train::CrossEntropy{{.label_smoothing = o.label_smoothing}},
                          {.accumulate = o.accumulate});
-  kiln::data::BatchLoader<kiln::host> loader(train_set, {.batch_size = o.batch, .seed = o.seed}, exec);
+  kiln::data::BatchLoader<Space> loader(train_set, {.batch_size = o.batch, .seed = o.seed}, exec);
   // Cosine annealing over every optimizer step of the run (PyTorch's CosineAnnealingLR, stepped per batch).
   const index_t micro_batches = loader.batches_per_epoch() * o.epochs;
   const index_t optimizer_steps = (micro_batches + o.accumulate - 1) / o.accumulate;
@@ -104,6 +109,7 @@ void train(const Options& o, const kiln::data::Dataset& train_set, const kiln::d
   std::vector<double> epoch_seconds;
   const auto start = std::chrono::steady_clock::now();
   double loss_sum = 0;
+  kiln::Tensor<float, Space, kiln::dyn> images;  // the augmented batch, reused
   auto read_losses = [&] {  // a NaN or infinite loss throws, naming its micro-batch
     for (float loss : step.take_losses(/*require_finite=*/true)) loss_sum += loss;
   };
@@ -112,16 +118,10 @@ void train(const Options& o, const kiln::data::Dataset& train_set, const kiln::d
     loader.start_epoch(epoch);
     if (epoch == o.epochs - 1) step.record_next_step();
     loss_sum = 0;
-    std::vector<float> images;
     while (const auto* batch = loader.next()) {
       // The batch's digits, shifted and normalised where the model runs (one kernel); the
       // choices depend on (seed, epoch, position in the epoch) only.
-      images.resize(batch->features.size());
-      kiln::data::augment(exec, batch->features.data(), images.data(), batch->size, 1, 20, 20, augment,
-                          std::uint64_t(epoch), std::uint64_t(batch->index * o.batch));
-      kiln::data::Batch augmented = *batch;
-      augmented.features = images;
-      step(augmented);
+      step(kiln::data::augment_batch(exec, *batch, images, 1, 20, 20, augment, o.batch));
       if (step.window_full()) read_losses();
     }
     read_losses();
@@ -158,21 +158,33 @@ int main(int argc, char** argv) try {
                                            .seed = o.seed};
   std::printf("data: %lld train / %lld test digits, %lld features; %s\n", (long long)train_set.n,
               (long long)test_set.n, (long long)train_set.d, Cnn(o.seed).describe().c_str());
-  KILN_CHECK(!kiln::device_required(), kiln::ValueError,
-             "KILN_REQUIRE_DEVICE is set, but convolution has no CUDA path yet (cuDNN is not written)");
-  std::printf("device: CPU, %d thread%s (convolution and batch norm run on the CPU backend)\n", o.threads,
-              o.threads == 1 ? "" : "s");
   using Fp32 = kiln::precision::fp32;
   using Acc = kiln::accumulate<kiln::dyn>;
-  auto with_stance = [&]<class Model>() {
+  auto with_stance = [&]<class Space, class Model>() {
     if (o.stance == kiln::stance::fused::name)
-      train<Model, kiln::policy<Fp32, kiln::stance::fused, Acc>>(o, train_set, test_set, augment);
+      train<Space, Model, kiln::policy<Fp32, kiln::stance::fused, Acc>>(o, train_set, test_set, augment);
     else if (o.stance == kiln::stance::force_eager::name)
-      train<Model, kiln::policy<Fp32, kiln::stance::force_eager, Acc>>(o, train_set, test_set, augment);
+      train<Space, Model, kiln::policy<Fp32, kiln::stance::force_eager, Acc>>(o, train_set, test_set, augment);
     else throw kiln::ValueError("unknown stance \"" + o.stance + "\"; the stances are fused and force_eager");
   };
-  if (o.layout == "nhwc") with_stance.template operator()<Cnn::with_layout<kiln::nn::layout::nhwc>>();
-  else with_stance.template operator()<Cnn>();
+#if KILN_EXAMPLE_CUDA
+  if (kiln::cu::device_available()) {
+    std::printf("device: CUDA (%s); convolution through cuDNN\n", kiln::cu::device_name().c_str());
+    KILN_CHECK(o.layout == "nchw", kiln::ValueError, "--layout ", o.layout,
+               ": on CUDA the convnet layers run NCHW only so far");
+    with_stance.template operator()<kiln::cuda, Cnn>();
+    return 0;
+  }
+  if (kiln::device_required()) return kiln::cu::report_no_device("train_cnn_digits");  // KILN_REQUIRE_DEVICE
+  std::printf("device: CPU, %d thread%s (no CUDA device: %s)\n", o.threads, o.threads == 1 ? "" : "s",
+              kiln::cu::device_unavailable_reason().c_str());
+#else
+  KILN_CHECK(!kiln::device_required(), kiln::ValueError,
+             "KILN_REQUIRE_DEVICE is set, but this build has no CUDA with cuDNN");
+  std::printf("device: CPU, %d thread%s\n", o.threads, o.threads == 1 ? "" : "s");
+#endif
+  if (o.layout == "nhwc") with_stance.template operator()<kiln::host, Cnn::with_layout<kiln::nn::layout::nhwc>>();
+  else with_stance.template operator()<kiln::host, Cnn>();
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_cnn_digits: %s\n", e.what());

@@ -64,6 +64,7 @@
 #include <kiln/core/random.hpp>
 #include <kiln/core/space.hpp>
 #include <kiln/core/stats.hpp>
+#include <kiln/core/tensor.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -303,6 +304,31 @@ void augment(Exec& exec, const T* src, T* dst, index_t n, index_t c, index_t h, 
   } else {
     exec.for_each_element(n * c, h * w, kernel, kind::copy, "augment", bytes);
   }
+}
+
+// A training loop's use: batch b (a host data::Batch or a DeviceBatch: `features`, `size`, `dim`,
+// `index`, `epoch`) with its features replaced by their augmentation, written into `images` (a
+// Tensor<float, Space, dyn> in the batch's space, resized to fit and reused across batches). Image
+// i of the batch is sample b.index * batch_size + i of epoch b.epoch: the choices follow the
+// position in the epoch, so a rerun of the same epoch augments the same way.
+//   Tensor<float, Space, dyn> images;
+//   while (const auto* batch = loader.next()) step(data::augment_batch(exec, *batch, images, 3, 32, 32, aug, 128));
+template <class Exec, class B, class Images>
+B augment_batch(Exec& exec, const B& b, Images& images, index_t c, index_t h, index_t w, const AugmentOptions& options,
+                index_t batch_size) {
+  KILN_CHECK(b.dim == c * h * w, ShapeError, "augment_batch: the batch has ", b.dim, " features per row, not ", c,
+             " x ", h, " x ", w);
+  const index_t n = b.size * b.dim;
+  if (images.size() < n) images = Images(Shape{n});
+  const float* src = nullptr;
+  if constexpr (requires { b.features.data(); }) src = b.features.data();
+  else src = b.features;
+  augment(exec, src, images.data(), b.size, c, h, w, options, std::uint64_t(b.epoch),
+          std::uint64_t(b.index) * std::uint64_t(batch_size));
+  B out = b;
+  if constexpr (requires { b.features.data(); }) out.features = {images.data(), static_cast<std::size_t>(n)};
+  else out.features = images.data();
+  return out;
 }
 
 }  // namespace kiln::data

@@ -21,6 +21,7 @@
 #include "kiln/backend/cpu/batchnorm2d_nhwc.hpp"
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/random.hpp"
+#include "kiln/nn/convnet_functors.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 
@@ -79,9 +80,6 @@ using bn_activation = std::conditional_t<is_identity_act_v<F>, cpu::NoActivation
 template <index_t C, class T = float, class Space = host, layout Layout = layout::nchw>
 class BatchNorm2d {
   static_assert(C > 0, "kiln::nn::BatchNorm2d<C>: C must be positive");
-  static_assert(std::is_same_v<Space, host>,
-                "kiln::nn::BatchNorm2d: batch norm runs on the CPU backend (kiln::host) today; its CUDA path (cuDNN) "
-                "is not written yet");
 
  public:
   static constexpr index_t channels = C;
@@ -150,7 +148,10 @@ class BatchNorm2d {
       if constexpr (std::is_void_v<Act>) return false;
       else return !is_identity_act_v<typename Act::functor>;
     }();
-    return {1 + index_t(act && c.eager), 1 + index_t(act && c.eager)};
+    // A device runs the statistics and the normalisation as two kernels forward, and the sums and
+    // dx as two backward (the CPU: one pass each way).
+    const index_t dev = c.device ? 1 : 0, dx = c.device && c.input_grad ? 1 : 0;
+    return {1 + dev + index_t(act && c.eager), 1 + dx + index_t(act && c.eager)};
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   static constexpr index_t parameter_tensors = 2;
@@ -178,69 +179,131 @@ class BatchNorm2d {
                nhwc ? "; it must be [N, H, W, " : "; it must be [N, ", C, nhwc ? "]" : ", H, W]");
     const index_t n = s[0], hw = nhwc ? s[1] * s[2] : s[2] * s[3];
     Out out{typename Out::tensor_type(s)};
-    const int threads = tape.exec().threads();
-    const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
-    const std::string name = is_identity_act_v<F> ? std::string("batch_norm") : std::string("batch_norm+") + F::name;
-    tape.exec().stats().count(kind::norm, name, s.size(), bytes);
+    if constexpr (!std::is_same_v<Space, host>) {
+      run_device<F>(tape, x, out, n, hw);
+    } else {
+      const int threads = tape.exec().threads();
+      const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
+      const std::string name = is_identity_act_v<F> ? std::string("batch_norm") : std::string("batch_norm+") + F::name;
+      tape.exec().stats().count(kind::norm, name, s.size(), bytes);
+      const bool train = training_;
+      // Batch mean and invstd per channel (training), kept for backward.
+      auto saved = std::make_shared<std::vector<T>>(train ? std::size_t(2 * C) : 0);
+      Buffers& buf = *buffers_;
+      if (train) {
+        K::train_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
+                                       momentum_, buf.running_mean.data(), buf.running_var.data(), out.value().data(),
+                                       saved->data(), saved->data() + C, threads, Act{});
+        ++buf.batches_tracked;
+      } else {
+        K::eval_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
+                                      buf.running_mean.data(), buf.running_var.data(), out.value().data(), threads,
+                                      Act{});
+      }
+      const auto wd = weight_.data(), bd = bias_.data();
+      const bool any = x.requires_grad() || wd->requires_grad || bd->requires_grad;
+      if (!any || !tape.recording()) return out;
+      out.set_requires_grad(true);
+      // Eval mode reads the running statistics as they are now: copy them, so an optimizer step or
+      // a later training forward before backward cannot change the gradient.
+      if (!train) {
+        saved->assign(buf.running_mean.data(), buf.running_mean.data() + C);
+        saved->insert(saved->end(), buf.running_var.data(), buf.running_var.data() + C);
+      }
+      tape.record(out, {x.data(), wd, bd},
+                  [xd = x.data(), wd, bd, saved, train, n, hw, eps = eps_, bytes, name](Exec& exec, auto& od) {
+                    if (!od.grad_valid) return;
+                    exec.stats().count(kind::norm, name + "_backward", n * C * hw, bytes * 2);
+                    const bool want_dx = xd->requires_grad;
+                    const bool add_x = want_dx && xd->grad_valid;
+                    std::vector<T> tmp(add_x ? std::size_t(n * C * hw) : 0);
+                    T* dx = want_dx ? (add_x ? tmp.data() : xd->ensure_grad()) : nullptr;
+                    T dgamma[C], dbeta[C];
+                    const T* X = xd->value.data();
+                    const T* G = od.grad.data();
+                    if (train) {
+                      K::backward(n, C, hw, X, G, wd->value.data(), saved->data(), saved->data() + C,
+                                                dx, dgamma, dbeta, exec.threads(), bd->value.data(), Act{});
+                    } else {
+                      K::eval_backward(n, C, hw, X, G, wd->value.data(), bd->value.data(), eps,
+                                                     saved->data(), saved->data() + C, dx, dgamma, dbeta,
+                                                     exec.threads(), Act{});
+                    }
+                    if (want_dx) {
+                      if (add_x) {
+                        T* g = xd->ensure_grad();
+                        for (index_t i = 0; i < n * C * hw; ++i) g[i] += tmp[std::size_t(i)];
+                      }
+                      xd->grad_valid = true;
+                    }
+                    for (auto [node, src] : {std::pair{wd.get(), dgamma}, std::pair{bd.get(), dbeta}}) {
+                      if (!node->requires_grad) continue;
+                      const bool add = node->grad_valid;
+                      T* g = node->ensure_grad();
+                      for (index_t c = 0; c < C; ++c) g[c] = add ? T(g[c] + src[c]) : src[c];
+                      node->grad_valid = true;
+                    }
+                  });
+    }
+    return out;
+  }
+
+  // A device executor: the functors of kiln/nn/convnet_functors.hpp — the statistics (a team per
+  // channel, with the running statistics' update) or the running ones (evaluation), then ONE
+  // normalising kernel; backward the per-channel sums with dweight and dbias, then dx.
+  template <class F, class Exec, class X, class Out>
+  void run_device(ag::Tape<Exec>& tape, const X& x, Out& out, index_t n, index_t hw) const {
+    using Act = F;
+    Exec& exec = tape.exec();
+    const detail::ImageIndex ix{C, hw, Layout == layout::nhwc};
+    const index_t m = n * hw, size = m * C;
+    const std::size_t bytes = std::size_t(size) * sizeof(T) * 2;
     const bool train = training_;
-    // Batch mean and invstd per channel (training), kept for backward.
-    auto saved = std::make_shared<std::vector<T>>(train ? std::size_t(2 * C) : 0);
+    auto saved = std::make_shared<Tensor<T, Space, dyn>>(Shape{2 * C});  // mean, invstd
+    T* mean = saved->data();
+    T* invstd = mean + C;
     Buffers& buf = *buffers_;
+    const std::string name = is_identity_act_v<F> ? std::string("batch_norm") : std::string("batch_norm+") + F::name;
     if (train) {
-      K::train_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
-                                     momentum_, buf.running_mean.data(), buf.running_var.data(), out.value().data(),
-                                     saved->data(), saved->data() + C, threads, Act{});
+      KILN_CHECK(m > 1, ValueError, "BatchNorm2d<", C, ">: expected more than 1 value per channel when training, got ",
+                 m);
+      detail::launch_lines<false>(exec, C, m,
+                                  detail::BnStatsRows<T>{x.value().data(), mean, invstd, buf.running_mean.data(),
+                                                         buf.running_var.data(), ix, m, eps_, momentum_},
+                                  "batch_norm_stats", bytes / 2);
       ++buf.batches_tracked;
     } else {
-      K::eval_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
-                                    buf.running_mean.data(), buf.running_var.data(), out.value().data(), threads,
-                                    Act{});
+      exec.for_each_element(1, C,
+                            detail::BnRunningStats<T>{buf.running_mean.data(), buf.running_var.data(), mean, invstd, eps_},
+                            kind::norm, "batch_norm_running_stats", std::size_t(4 * C) * sizeof(T));
     }
+    const detail::BnApply<T, Act> apply{x.value().data(), out.value().data(), weight_.value().data(),
+                                        bias_.value().data(), mean, invstd, ix};
+    exec.for_each_element(1, size, apply, kind::norm, name, bytes);
     const auto wd = weight_.data(), bd = bias_.data();
-    const bool any = x.requires_grad() || wd->requires_grad || bd->requires_grad;
-    if (!any || !tape.recording()) return out;
+    if (!(x.requires_grad() || wd->requires_grad || bd->requires_grad) || !tape.recording()) return;
     out.set_requires_grad(true);
-    // Eval mode reads the running statistics as they are now: copy them, so an optimizer step or
-    // a later training forward before backward cannot change the gradient.
-    if (!train) {
-      saved->assign(buf.running_mean.data(), buf.running_mean.data() + C);
-      saved->insert(saved->end(), buf.running_var.data(), buf.running_var.data() + C);
-    }
-    tape.record(out, {x.data(), wd, bd},
-                [xd = x.data(), wd, bd, saved, train, n, hw, eps = eps_, bytes, name](Exec& exec, auto& od) {
-                  if (!od.grad_valid) return;
-                  exec.stats().count(kind::norm, name + "_backward", n * C * hw, bytes * 2);
-                  const bool want_dx = xd->requires_grad;
-                  const bool add_x = want_dx && xd->grad_valid;
-                  std::vector<T> tmp(add_x ? std::size_t(n * C * hw) : 0);
-                  T* dx = want_dx ? (add_x ? tmp.data() : xd->ensure_grad()) : nullptr;
-                  T dgamma[C], dbeta[C];
-                  const T* X = xd->value.data();
-                  const T* G = od.grad.data();
-                  if (train) {
-                    K::backward(n, C, hw, X, G, wd->value.data(), saved->data(), saved->data() + C,
-                                              dx, dgamma, dbeta, exec.threads(), bd->value.data(), Act{});
-                  } else {
-                    K::eval_backward(n, C, hw, X, G, wd->value.data(), bd->value.data(), eps,
-                                                   saved->data(), saved->data() + C, dx, dgamma, dbeta,
-                                                   exec.threads(), Act{});
-                  }
-                  if (want_dx) {
-                    if (add_x) {
-                      T* g = xd->ensure_grad();
-                      for (index_t i = 0; i < n * C * hw; ++i) g[i] += tmp[std::size_t(i)];
-                    }
-                    xd->grad_valid = true;
-                  }
-                  for (auto [node, src] : {std::pair{wd.get(), dgamma}, std::pair{bd.get(), dbeta}}) {
-                    if (!node->requires_grad) continue;
-                    const bool add = node->grad_valid;
-                    T* g = node->ensure_grad();
-                    for (index_t c = 0; c < C; ++c) g[c] = add ? T(g[c] + src[c]) : src[c];
-                    node->grad_valid = true;
-                  }
-                });
-    return out;
+    tape.record(out, {x.data(), wd, bd}, [xd = x.data(), wd, bd, saved, apply, train, m, size, bytes, name](Exec& e, auto& od) {
+      if (!od.grad_valid) return;
+      auto fwd = apply;
+      fwd.x = xd->value.data();
+      const T* dy = od.grad.data();
+      auto sums = Tensor<T, Space, dyn>(Shape{2 * C});
+      const bool dw = wd->requires_grad, db = bd->requires_grad;
+      detail::launch_lines<false>(e, C, m,
+                                  detail::BnBackwardRows<T, Act>{fwd, dy, sums.data(), dw ? wd->ensure_grad() : nullptr,
+                                                                 db ? bd->ensure_grad() : nullptr, dw && wd->grad_valid,
+                                                                 db && bd->grad_valid, m},
+                                  (name + "_backward").c_str(), bytes);
+      if (dw) wd->grad_valid = true;
+      if (db) bd->grad_valid = true;
+      if (xd->requires_grad) {
+        const bool add = xd->grad_valid;
+        e.for_each_element(1, size, detail::BnBackwardDx<T, Act>{fwd, dy, sums.data(), xd->ensure_grad(), m, train, add},
+                           kind::norm, name + "_backward_dx", bytes * 2);
+        xd->grad_valid = true;
+      }
+    });
   }
 
   ag::Var<T, Space, C> weight_;

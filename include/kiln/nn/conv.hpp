@@ -29,6 +29,7 @@
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/nn/init.hpp"
+#include "kiln/nn/convnet_functors.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 
@@ -41,8 +42,20 @@ struct Conv2dGeometry {
 
 namespace detail {
 
-template <class S>
-inline constexpr bool conv_space_ok = std::is_same_v<S, host>;
+}  // namespace detail
+
+// How a device space convolves: forward(exec, shape, x, w, y), backward_data(exec, shape, dy, w, dx,
+// accumulate) and backward_filter(exec, shape, x, dy, dw, accumulate), NCHW, on the executor's
+// stream. kiln/nn/cuda.cuh gives kiln::cuda's (cuDNN, kiln/backend/cuda/cudnn_conv.cuh); the CPU
+// runs kiln/backend/cpu/conv2d*.hpp directly.
+template <class Space>
+struct conv_backend {
+  static_assert(dependent_false<Space>,
+                "kiln::nn::Conv2d: no convolution backend for this memory space; for kiln::cuda include "
+                "kiln/nn/cuda.cuh in a build that has cuDNN (KILN_HAVE_CUDNN)");
+};
+
+namespace detail {
 
 // The kernels' shape of an input x ([N, C, H, W], or [N, H, W, C] in nhwc).
 template <layout L>
@@ -58,6 +71,41 @@ template <layout L, class T>
 void conv_backward_data(const cpu::Conv2dShape& s, const T* dy, const T* w, T* dx, int threads) {
   if constexpr (L == layout::nhwc) cpu::conv2d_nhwc_backward_data(s, dy, w, dx, threads);
   else cpu::conv2d_backward_data(s, dy, w, dx, threads);
+}
+
+// Backward on a device: the activation's derivative (one kernel), backward-data and
+// backward-filter through the backend (accumulating into gradients that hold a contribution), and
+// the bias gradient as one per-channel reduction.
+template <class Act, class Exec, class T, class XD, class WD, class BD>
+void conv2d_backward_device(Exec& exec, const T* dy, XD& xd, WD& wd, BD* bd, const T* pre, const cpu::Conv2dShape& s,
+                            const ImageIndex& ix, std::size_t y_bytes) {
+  using S = typename Exec::space;
+  const index_t y_size = s.n * s.c_out * s.out_h() * s.out_w(), m = s.n * s.out_h() * s.out_w();
+  Tensor<T, S, dyn> dz;
+  if constexpr (!is_identity_act_v<Act>) {
+    dz = Tensor<T, S, dyn>(Shape{y_size});
+    exec.for_each_element(1, y_size, ConvDAct<T, Act>{dy, pre, dz.data()}, kind::elementwise,
+                          std::string("backward(") + Act::name + ")", y_bytes * 3);
+    dy = dz.data();
+  }
+  if (xd.requires_grad) {
+    exec.stats().count(kind::gemm, "conv2d_backward_data", xd.value.size(), y_bytes);
+    const bool add = xd.grad_valid;
+    conv_backend<S>::backward_data(exec, s, dy, wd.value.data(), xd.ensure_grad(), add);
+    xd.grad_valid = true;
+  }
+  if (wd.requires_grad) {
+    exec.stats().count(kind::gemm, "conv2d_backward_filter", wd.value.size(), y_bytes);
+    const bool add = wd.grad_valid;
+    conv_backend<S>::backward_filter(exec, s, xd.value.data(), dy, wd.ensure_grad(), add);
+    wd.grad_valid = true;
+  }
+  if (bd && bd->requires_grad) {
+    const bool add = bd->grad_valid;
+    launch_lines<false>(exec, s.c_out, m, ConvBiasGradRows<T>{dy, bd->ensure_grad(), ix, m, add}, "conv2d_bias_grad",
+                        y_bytes, kind::reduce);
+    bd->grad_valid = true;
+  }
 }
 
 // dst[i] = src[i] (add = false) or dst[i] += src[i].
@@ -78,9 +126,9 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
                 const Conv2dGeometry& g) {
   static_assert(std::is_same_v<S, typename Exec::space>,
                 "kiln::nn::conv2d: the input must live in the executor's memory space");
-  static_assert(conv_space_ok<S>,
-                "kiln::nn::conv2d: convolution runs on the CPU backend (kiln::host) today; its CUDA path (cuDNN) "
-                "is not written yet");
+  static_assert(std::is_same_v<S, host> || L == layout::nchw,
+                "kiln::nn::conv2d: on a device, convolution runs NCHW only so far (cuDNN with channels-last "
+                "tensors is not wired yet)");
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "kiln::nn::conv2d: convolution takes float or double (no mixed precision yet)");
   constexpr bool nhwc = L == layout::nhwc;
@@ -98,13 +146,22 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
   const bool recording = any && tape.recording();
   constexpr bool has_act = !is_identity_act_v<Act>;
   // The pre-activation, kept for the activation's derivative in backward (fused runs only).
-  auto pre = std::make_shared<std::vector<T>>(has_act && recording ? std::size_t(y_size) : 0);
+  auto pre = std::make_shared<Tensor<T, S, dyn>>(Shape{has_act && recording ? y_size : 0});
   const T* bias = bd ? bd->value.data() : nullptr;
-  T* keep = pre->empty() ? nullptr : pre->data();
-  const int threads = tape.exec().threads();
+  T* keep = pre->size() == 0 ? nullptr : pre->data();
+  const ImageIndex ix{s.c_out, ohw, nhwc};
   const std::size_t x_bytes = std::size_t(xs.size()) * sizeof(T), y_bytes = std::size_t(y_size) * sizeof(T);
   tape.exec().stats().count(kind::gemm, has_act ? std::string("conv2d+bias+") + Act::name : std::string("conv2d"),
                             y_size, x_bytes + y_bytes);
+  if constexpr (!std::is_same_v<S, host>) {
+    // A device: the backend's convolution, then ONE kernel for bias + activation when there is
+    // either.
+    conv_backend<S>::forward(tape.exec(), s, x.value().data(), wd->value.data(), out.value().data());
+    if (bias || has_act)
+      tape.exec().for_each_element(1, y_size, ConvBiasAct<T, Act>{out.value().data(), keep, bias, ix}, kind::elementwise,
+                                   has_act ? std::string("bias+") + Act::name : std::string("bias"), y_bytes * 2);
+  } else {
+  const int threads = tape.exec().threads();
   const index_t c_out = s.c_out;
   // z + bias, then the activation; k (nullable) keeps the pre-activation. One row: `len` outputs
   // whose channels are co0, co0 + step, ... (NCHW: one channel's plane, step 0; NHWC: one pixel's
@@ -131,12 +188,17 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
                                    finish(z, y, keep ? keep + (n * c_out + co) * ohw : nullptr, len, co, 0);
                                  });
   }
+  }
   if (!recording) return out;
   out.set_requires_grad(true);
   std::vector<std::shared_ptr<ag::VarNode>> inputs{x.data(), wd};
   if (bd) inputs.push_back(bd);
-  tape.record(out, std::move(inputs), [xd = x.data(), wd, bd, pre, s, y_size, x_bytes, y_bytes](Exec& exec, auto& od) {
+  tape.record(out, std::move(inputs), [xd = x.data(), wd, bd, pre, s, ix, y_size, x_bytes, y_bytes](Exec& exec, auto& od) {
     if (!od.grad_valid) return;
+    if constexpr (!std::is_same_v<S, host>) {
+      conv2d_backward_device<Act>(exec, od.grad.data(), *xd, *wd, bd.get(), pre->data(), s, ix, y_bytes);
+      return;
+    } else {
     const int threads = exec.threads();
     const T* dy = od.grad.data();
     std::vector<T> dz;
@@ -180,6 +242,7 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
         write_or_add(bd->ensure_grad(), gb.data(), s.c_out, add);
         bd->grad_valid = true;
       }
+    }
     }
   });
   return out;
@@ -283,8 +346,15 @@ class Conv2d {
       if constexpr (std::is_void_v<Act>) return false;
       else return !is_identity_act_v<typename Act::functor>;
     }();
-    // force_eager runs the activation as its own kernel each way instead of in the epilogue.
-    return {1 + index_t(act && c.eager), index_t(act) + 1 + (c.input_grad ? 1 : 0)};
+    // force_eager runs the activation as its own kernel each way instead of in the epilogue. A
+    // device runs the bias and the activation as one kernel after the library's convolution, and
+    // the bias gradient as a reduction of its own.
+    const index_t dx = c.input_grad ? 1 : 0;
+    if (c.device) {
+      const bool epilogue = Bias || (act && !c.eager);
+      return {1 + index_t(epilogue) + index_t(act && c.eager), index_t(act) + 1 + index_t(Bias) + dx};
+    }
+    return {1 + index_t(act && c.eager), index_t(act) + 1 + dx};
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   static constexpr index_t parameter_tensors = Bias ? 2 : 1;

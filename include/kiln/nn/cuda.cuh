@@ -1,7 +1,8 @@
 // kiln/nn/cuda.cuh — the nn layers on kiln::cuda: include from an nvcc translation unit to use
-// Linear<..., kiln::cuda>, LayerNorm<..., kiln::cuda> and Sequential<...>::on<kiln::cuda> (it
-// includes every nn header whose ops run on the CUDA executor: activation, dropout, layernorm,
-// linear, loss, sequential, softmax).
+// Linear<..., kiln::cuda>, LayerNorm<..., kiln::cuda>, the convnet layers and
+// Sequential<...>::on<kiln::cuda> (it includes every nn header whose ops run on the CUDA executor:
+// activation, batchnorm, conv (cuDNN, when the build has it), dropout, layernorm, linear, loss,
+// pool, reshape, residual, sequential, softmax).
 //
 // It defines nn::space_ops<cuda> (declared in kiln/nn/module.hpp): parameters are initialised on
 // the host, as for the host layers, and copied to the device with kiln::to_device; gradient
@@ -22,14 +23,20 @@
 #include <utility>
 
 #include "kiln/backend/cuda/check.cuh"
+#include "kiln/backend/cuda/cudnn_conv.cuh"
 #include "kiln/backend/cuda/executor.cuh"
 #include "kiln/backend/cuda/memory.cuh"
 #include "kiln/nn/activation.hpp"
+#include "kiln/nn/batchnorm.hpp"
+#include "kiln/nn/conv.hpp"
 #include "kiln/nn/dropout.hpp"
 #include "kiln/nn/layernorm.hpp"
 #include "kiln/nn/linear.hpp"
 #include "kiln/nn/loss.hpp"
 #include "kiln/nn/module.hpp"
+#include "kiln/nn/pool.hpp"
+#include "kiln/nn/reshape.hpp"
+#include "kiln/nn/residual.hpp"
 #include "kiln/nn/sequential.hpp"
 #include "kiln/nn/softmax.hpp"
 
@@ -51,5 +58,33 @@ struct space_ops<cuda> {
     }
   }
 };
+
+#if defined(KILN_HAVE_CUDNN)
+// Convolution on kiln::cuda: cuDNN's graph API (kiln/backend/cuda/cudnn_conv.cuh), one cuDNN
+// handle and plan cache per host thread (cuDNN handles are not to be shared across threads),
+// created on first use and kept for the process (never destroyed: at exit the CUDA context may
+// already be gone).
+template <>
+struct conv_backend<cuda> {
+  static cu::CudnnConv& conv() {
+    thread_local cu::CudnnConv* instance = new cu::CudnnConv();
+    return *instance;
+  }
+  template <class T>
+  static void forward(CudaExecutor& exec, const cpu::Conv2dShape& s, const T* x, const T* w, T* y) {
+    conv().forward(s, x, w, y, exec.stream());
+  }
+  template <class T>
+  static void backward_data(CudaExecutor& exec, const cpu::Conv2dShape& s, const T* dy, const T* w, T* dx,
+                            bool accumulate) {
+    conv().backward_data(s, dy, w, dx, exec.stream(), accumulate);
+  }
+  template <class T>
+  static void backward_filter(CudaExecutor& exec, const cpu::Conv2dShape& s, const T* x, const T* dy, T* dw,
+                              bool accumulate) {
+    conv().backward_filter(s, x, dy, dw, exec.stream(), accumulate);
+  }
+};
+#endif
 
 }  // namespace kiln::nn

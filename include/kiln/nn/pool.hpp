@@ -16,6 +16,7 @@
 
 #include "kiln/backend/cpu/pool2d.hpp"
 #include "kiln/backend/cpu/pool2d_nhwc.hpp"
+#include "kiln/nn/convnet_functors.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 
@@ -47,8 +48,6 @@ struct pool_accepts<Layer, sample<C, H, W>> {
 template <class Exec, class S>
 void check_pool_space() {
   static_assert(std::is_same_v<S, typename Exec::space>, "kiln::nn: the input must live in the executor's memory space");
-  static_assert(std::is_same_v<S, host>,
-                "kiln::nn: pooling runs on the CPU backend (kiln::host) today; its CUDA path (cuDNN) is not written yet");
 }
 
 // Adds the gradient computed by `compute(dst)` into xd's gradient (or writes it when none is
@@ -84,8 +83,39 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
   Out out{typename Out::tensor_type(nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c} : Shape{s.n, s.c, s.out_h(), s.out_w()})};
   const index_t y_size = out.value().size();
   const std::size_t bytes = std::size_t(xs.size() + y_size) * sizeof(T);
-  tape.exec().stats().count(kind::other, Layer::name, y_size, bytes);
+  if constexpr (std::is_same_v<S, host>) tape.exec().stats().count(kind::other, Layer::name, y_size, bytes);
   const bool record = x.requires_grad() && tape.recording();
+  if constexpr (!std::is_same_v<S, host>) {
+    // A device: one thread per output forward, one per input backward (a gather; max pool
+    // recomputes its window's maximum from x instead of storing it).
+    const PoolGeometry g{s.n, s.c, s.h, s.w, s.out_h(), s.out_w(), Layer::kernel, Layer::stride, Layer::padding, nhwc};
+    const T* X = x.value().data();
+    if constexpr (Max) {
+      tape.exec().for_each_element(1, y_size, MaxPoolForward<T>{X, out.value().data(), nullptr, g}, kind::other,
+                                   Layer::name, bytes);
+    } else {
+      tape.exec().for_each_element(1, y_size, AvgPoolForward<T>{X, out.value().data(), g, Layer::count_include_pad},
+                                   kind::other, Layer::name, bytes);
+    }
+    if (!record) return out;
+    out.set_requires_grad(true);
+    tape.record(out, {x.data()}, [xd = x.data(), g, bytes](Exec& exec, auto& od) {
+      if (!od.grad_valid || !xd->requires_grad) return;
+      const bool add = xd->grad_valid;
+      const index_t n = xd->value.size();
+      const std::string name = std::string(Layer::name) + "_backward";
+      if constexpr (Max) {
+        exec.for_each_element(1, n, MaxPoolBackward<T>{xd->value.data(), od.grad.data(), xd->ensure_grad(), g, add},
+                              kind::other, name, bytes);
+      } else {
+        exec.for_each_element(1, n,
+                              AvgPoolBackward<T>{od.grad.data(), xd->ensure_grad(), g, Layer::count_include_pad, add},
+                              kind::other, name, bytes);
+      }
+      xd->grad_valid = true;
+    });
+    return out;
+  }
   auto argmax = std::make_shared<std::vector<std::int64_t>>(Max && record ? std::size_t(y_size) : 0);
   std::int64_t* arg = argmax->empty() ? nullptr : argmax->data();
   const T* X = x.value().data();
@@ -201,19 +231,34 @@ struct GlobalAvgPoolLayout {
     const index_t n = xs[0], c = xs[nhwc ? 3 : 1], h = xs[nhwc ? 1 : 2], w = xs[nhwc ? 2 : 3];
     Out out{typename Out::tensor_type(Shape{n, c})};
     const std::size_t bytes = std::size_t(xs.size() + n * c) * sizeof(T);
-    tape.exec().stats().count(kind::reduce, "global_avg_pool", n * c, bytes);
-    if constexpr (nhwc) cpu::global_avg_pool_nhwc_forward(n, c, h, w, x.value().data(), out.value().data());
-    else cpu::global_avg_pool_forward(n, c, h, w, x.value().data(), out.value().data());
+    constexpr bool on_host = std::is_same_v<S, host>;
+    if constexpr (on_host) {
+      tape.exec().stats().count(kind::reduce, "global_avg_pool", n * c, bytes);
+      if constexpr (nhwc) cpu::global_avg_pool_nhwc_forward(n, c, h, w, x.value().data(), out.value().data());
+      else cpu::global_avg_pool_forward(n, c, h, w, x.value().data(), out.value().data());
+    } else {  // a device: a team per plane
+      detail::launch_lines<false>(tape.exec(), n * c, h * w,
+                                  detail::GlobalAvgRows<T>{x.value().data(), out.value().data(), c, h * w, nhwc},
+                                  "global_avg_pool", bytes, kind::reduce);
+    }
     if (!x.requires_grad() || !tape.recording()) return out;
     out.set_requires_grad(true);
     tape.record(out, {x.data()}, [xd = x.data(), n, c, h, w, bytes](Exec& exec, auto& od) {
       if (!od.grad_valid || !xd->requires_grad) return;
-      exec.stats().count(kind::other, "global_avg_pool_backward", xd->value.size(), bytes);
       const T* G = od.grad.data();
-      detail::put_input_grad(*xd, [&](T* dx) {
-        if constexpr (nhwc) cpu::global_avg_pool_nhwc_backward(n, c, h, w, G, dx);
-        else cpu::global_avg_pool_backward(n, c, h, w, G, dx);
-      });
+      if constexpr (on_host) {
+        exec.stats().count(kind::other, "global_avg_pool_backward", xd->value.size(), bytes);
+        detail::put_input_grad(*xd, [&](T* dx) {
+          if constexpr (nhwc) cpu::global_avg_pool_nhwc_backward(n, c, h, w, G, dx);
+          else cpu::global_avg_pool_backward(n, c, h, w, G, dx);
+        });
+      } else {
+        const bool add = xd->grad_valid;
+        exec.for_each_element(1, xd->value.size(),
+                              detail::GlobalAvgBackward<T>{G, xd->ensure_grad(), detail::ImageIndex{c, h * w, nhwc}, add},
+                              kind::other, "global_avg_pool_backward", bytes);
+        xd->grad_valid = true;
+      }
     });
     return out;
   }

@@ -80,12 +80,12 @@ inline PoolWindow pool_window(const Pool2dShape& s, index_t oh, index_t ow) {
 
 // Max pooling with a 2x2 window and stride 2, no padding: the same results as the general loop
 // (row-major window order, the first maximum wins ties, the first NaN wins over everything).
-// Outputs go in blocks of 16: the four window values are gathered into arrays first (stride-2
+// Outputs go in blocks of 64: the four window values are gathered into arrays first (stride-2
 // loads), so the compare-and-select loop runs on contiguous lanes and vectorises; the window
 // position is kept as an int32 until it is stored.
 template <class T>
 void max_pool2x2(const Pool2dShape& s, const T* x, T* y, std::int64_t* argmax) {
-  constexpr index_t B = 16;
+  constexpr index_t B = 64;  // not 16: GCC 12 unrolls 16 iterations fully, then leaves them scalar
   const index_t oh_n = s.out_h(), ow_n = s.out_w(), hw = s.h * s.w, ohw = oh_n * ow_n, w = s.w;
   for (index_t p = 0; p < s.n * s.c; ++p) {
     const T* xp = x + p * hw;
@@ -110,9 +110,6 @@ void max_pool2x2(const Pool2dShape& s, const T* x, T* y, std::int64_t* argmax) {
           at[j] = 0;
         }
         for (int k = 1; k < 4; ++k)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC unroll 1  // fully unrolled, GCC 12 does not vectorise the selects
-#endif
           for (index_t j = 0; j < B; ++j) {
             // Taken when larger, or a NaN while the best so far is not one (bitwise & and |: no
             // branches).

@@ -6,6 +6,8 @@
 //   conv.forward(s, d_x, d_w, d_y, stream);               // y = conv(x, w)
 //   conv.backward_data(s, d_dy, d_w, d_dx, stream);       // dx = conv^T(dy, w)
 //   conv.backward_filter(s, d_x, d_dy, d_dw, stream);     // dw = sum over n of dy * x
+// The backward passes take `accumulate`: add into dx / dw (cuDNN's beta = 1) instead of
+// overwriting them — a gradient that already holds a contribution.
 //
 // Why the graph API and not cudnn-frontend: the legacy cudnnConvolutionForward family is
 // deprecated in cuDNN 9, and the graph API is plain C in cudnn_backend.h (shipped with the
@@ -143,16 +145,18 @@ class CudnnConv {
   }
   // dx = the gradient of sum(y * dy) with respect to x (dx overwritten).
   template <class T>
-  void backward_data(const cpu::Conv2dShape& s, const T* dy, const T* w, T* dx, cudaStream_t stream) {
-    run<T>(ConvPass::backward_data, s, {dx, const_cast<T*>(w), const_cast<T*>(dy)}, stream);
+  void backward_data(const cpu::Conv2dShape& s, const T* dy, const T* w, T* dx, cudaStream_t stream,
+                     bool accumulate = false) {
+    run<T>(ConvPass::backward_data, s, {dx, const_cast<T*>(w), const_cast<T*>(dy)}, stream, accumulate);
   }
   // dw = the gradient of sum(y * dy) with respect to w (dw overwritten).
   template <class T>
-  void backward_filter(const cpu::Conv2dShape& s, const T* x, const T* dy, T* dw, cudaStream_t stream) {
-    run<T>(ConvPass::backward_filter, s, {const_cast<T*>(x), dw, const_cast<T*>(dy)}, stream);
+  void backward_filter(const cpu::Conv2dShape& s, const T* x, const T* dy, T* dw, cudaStream_t stream,
+                       bool accumulate = false) {
+    run<T>(ConvPass::backward_filter, s, {const_cast<T*>(x), dw, const_cast<T*>(dy)}, stream, accumulate);
   }
 
-  // Plans built so far (one per pass, type and shape).
+  // Plans built so far (one per pass, accumulation, type and shape).
   std::size_t cached_plans() const { return plans_.size(); }
 
  private:
@@ -164,16 +168,17 @@ class CudnnConv {
     std::unique_ptr<detail::BackendDesc> plan;
     std::int64_t workspace = 0;
   };
-  using Key = std::tuple<int, int, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t,
+  using Key = std::tuple<int, bool, int, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t,
                          index_t, index_t, index_t, index_t>;
 
   template <class T>
-  void run(ConvPass pass, const cpu::Conv2dShape& s, std::array<T*, 3> data, cudaStream_t stream) {
+  void run(ConvPass pass, const cpu::Conv2dShape& s, std::array<T*, 3> data, cudaStream_t stream,
+           bool accumulate = false) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                   "kiln::cu::CudnnConv: float or double tensors");
     s.check("kiln::cu::CudnnConv");
     KILN_CUDNN_CHECK(cudnnSetStream(handle_, stream));
-    Plan& p = plan<T>(pass, s);
+    Plan& p = plan<T>(pass, s, accumulate);
     DeviceBuffer<unsigned char> workspace(p.workspace, *allocator_);
     std::array<std::int64_t, 3> uids{uid_x, uid_w, uid_y};
     std::array<void*, 3> ptrs{data[0], data[1], data[2]};
@@ -190,8 +195,8 @@ class CudnnConv {
   }
 
   template <class T>
-  Plan& plan(ConvPass pass, const cpu::Conv2dShape& s) {
-    const Key key{int(pass), int(sizeof(T)), s.n, s.c_in, s.h, s.w, s.c_out, s.kh, s.kw, s.stride_h, s.stride_w,
+  Plan& plan(ConvPass pass, const cpu::Conv2dShape& s, bool accumulate) {
+    const Key key{int(pass), accumulate, int(sizeof(T)), s.n, s.c_in, s.h, s.w, s.c_out, s.kh, s.kw, s.stride_h, s.stride_w,
                   s.pad_h, s.pad_w, s.dil_h, s.dil_w};
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
     Plan p;
@@ -217,8 +222,8 @@ class CudnnConv {
         .set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data());
     conv->finalize();
 
-    // alpha = 1, beta = 0, in the compute type (double for double, float otherwise).
-    const T alpha = 1, beta = 0;
+    // alpha = 1, beta = 0 (overwrite) or 1 (accumulate), in the compute type.
+    const T alpha = 1, beta = accumulate ? 1 : 0;
     const cudnnBackendAttributeType_t scalar = std::is_same_v<T, double> ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
     auto op = std::make_unique<detail::BackendDesc>(
         pass == ConvPass::forward         ? CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR

@@ -1,0 +1,102 @@
+// The convnet layers on kiln::cuda (cuDNN convolution, batch norm / pooling / epilogue functors)
+// against the same models on the CPU: the digits CNN and a small ResNet-9 train three optimizer
+// steps to the same parameters within tolerance (cuDNN and kiln's GEMM sum in other orders; fp32
+// engines only), in training and in evaluation mode, and run exactly the launches predicted at
+// compile time for kiln::cuda. Needs cuDNN (KILN_HAVE_CUDNN); skipped with a message otherwise.
+#include <doctest/doctest.h>
+
+#include <kiln/models/convnets.hpp>
+#include <kiln/nn/cuda.cuh>
+#include <kiln/train.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#if defined(KILN_HAVE_CUDNN)
+namespace {
+
+using kiln::index_t;
+
+template <class M>
+std::vector<float> values_of(const M& m) {
+  std::vector<float> out;
+  m.for_each_parameter([&](const auto& v) {
+    if constexpr (std::is_same_v<typename std::remove_cvref_t<decltype(v)>::space, kiln::host>) {
+      out.insert(out.end(), v.value().data(), v.value().data() + v.value().size());
+    } else {
+      const auto h = kiln::to_host(v.value());
+      out.insert(out.end(), h.data(), h.data() + h.size());
+    }
+  });
+  return out;
+}
+
+kiln::data::Dataset images(index_t n, index_t c, index_t side) {
+  kiln::data::Dataset d;
+  d.n = n;
+  d.d = c * side * side;
+  d.num_classes = 10;
+  d.sample_shape = {c, side, side};
+  kiln::Generator g(5);
+  for (index_t i = 0; i < n * d.d; ++i) d.features.push_back(g.uniform(-1.f, 1.f));
+  for (index_t i = 0; i < n; ++i) d.labels.push_back(std::int32_t(g.below(10)));
+  return d;
+}
+
+struct Run {
+  std::vector<float> params;
+  double accuracy;
+  index_t launches, predicted;
+};
+
+template <class Model, class Space>
+Run train(const kiln::data::Dataset& data) {
+  auto exec = kiln::make_executor<Space>(1);
+  typename Model::template on<Space> model(3);
+  kiln::optim::AdamW opt(model, {.lr = 1e-3});
+  kiln::train::Step step(model, opt, exec, kiln::policy<>{});
+  kiln::data::BatchLoader<Space> loader(data, {.batch_size = 16, .shuffle = false, .workers = 0}, exec);
+  Run r{};
+  loader.start_epoch(0);
+  const auto before = exec.stats().launches();
+  index_t steps = 0;
+  while (const auto* b = loader.next()) {
+    step(*b);
+    ++steps;
+  }
+  r.launches = index_t(exec.stats().launches() - before) / steps;
+  r.predicted = step.predicted_launches();
+  (void)step.take_losses(true);
+  r.params = values_of(model);
+  r.accuracy = kiln::train::accuracy(model, exec, data);  // evaluation mode: running statistics
+  return r;
+}
+
+template <class Model>
+void compare(const kiln::data::Dataset& data, double tolerance) {
+  const Run cpu = train<Model, kiln::host>(data), gpu = train<Model, kiln::cuda>(data);
+  REQUIRE(cpu.params.size() == gpu.params.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < cpu.params.size(); ++i)
+    worst = std::max(worst, std::abs(double(cpu.params[i]) - double(gpu.params[i])));
+  CHECK_MESSAGE(worst <= tolerance, "largest parameter difference ", worst);
+  CHECK(gpu.accuracy == doctest::Approx(cpu.accuracy).epsilon(0.05));
+  CHECK(cpu.launches == cpu.predicted);
+  CHECK(gpu.launches == gpu.predicted);
+}
+
+}  // namespace
+
+TEST_CASE("the digits CNN trains on CUDA as on the CPU, with the predicted launches") {
+  compare<kiln::models::DigitsCnn>(images(48, 1, 20), 2e-4);
+}
+
+TEST_CASE("a ResNet-9 (width 4) trains on CUDA as on the CPU, with the predicted launches") {
+  compare<kiln::models::ResNet9<4>>(images(32, 3, 32), 5e-4);
+}
+#else
+TEST_CASE("convnets on CUDA: this build has no cuDNN") {
+  MESSAGE("kiln was built without cuDNN: the convnet layers have no convolution backend on kiln::cuda");
+}
+#endif
