@@ -3,7 +3,9 @@
 #   OUT=/some/dir scripts/gpu_check.sh
 # builds for sm_90 and runs, with KILN_REQUIRE_DEVICE=1 (so nothing can "pass" by skipping):
 #   the CUDA tests; the benchmarks (train_step_cuda beside PyTorch CUDA eager, policies_cuda,
-#   fusion_cuda, kernels_cuda); train_digits on the GPU and, for comparison, on the CPU; and
+#   fusion_cuda, kernels_cuda); train_digits and train_cnn_digits on the GPU and, for comparison,
+#   on the CPU; train_cifar (ResNet-9) at batch 512 beside PyTorch CUDA eager and compiled
+#   (bench/torch_convnet.py --device cuda); and
 #   compute-sanitizer's memcheck, racecheck and initcheck on chosen subsets of the CUDA tests.
 # Everything lands under $OUT (default ./out): logs, bench.jsonl (one JSON line per measurement)
 # and summary.txt, which the script prints at the end.
@@ -69,10 +71,12 @@ fi
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer 2> /dev/null)
 
 # ---- configure and build: one -j build of the needed targets ----------------------------------
-targets=(kiln_tests_cuda bench_train_step_cuda bench_policies_cuda bench_fusion_cuda bench_kernels_cuda train_digits)
+targets=(kiln_tests_cuda bench_train_step_cuda bench_policies_cuda bench_fusion_cuda bench_kernels_cuda train_digits
+         train_cnn_digits train_cifar)
 declare -A bin=([kiln_tests_cuda]=$BUILD/tests/kiln_tests_cuda [bench_train_step_cuda]=$BUILD/bench/train_step_cuda
                 [bench_policies_cuda]=$BUILD/bench/policies_cuda [bench_fusion_cuda]=$BUILD/bench/fusion_cuda
-                [bench_kernels_cuda]=$BUILD/bench/kernels_cuda [train_digits]=$BUILD/examples/train_digits)
+                [bench_kernels_cuda]=$BUILD/bench/kernels_cuda [train_digits]=$BUILD/examples/train_digits
+                [train_cnn_digits]=$BUILD/examples/train_cnn_digits [train_cifar]=$BUILD/examples/train_cifar)
 gen=()
 [ -f "$BUILD/CMakeCache.txt" ] || ! command -v ninja > /dev/null || gen=(-G Ninja)
 step configure 120 "$OUT/configure.log" "$OUT/configure.log" cmake -S . -B "$BUILD" "${gen[@]}" \
@@ -117,6 +121,16 @@ run train_digits train-digits-cuda 60 "$OUT/train_digits_cuda.log" "$OUT/train_d
 # The same binary on the CPU backend: no visible device, and no device required for this run.
 run train_digits train-digits-cpu 60 "$OUT/train_digits_cpu.log" "$OUT/train_digits_cpu.log" \
   env CUDA_VISIBLE_DEVICES= KILN_REQUIRE_DEVICE=0 "$BUILD/examples/train_digits" --data-dir data
+# Issue 10: the convnets on the GPU (cuDNN) and the CNN on the CPU for comparison; ResNet-9's
+# images/s at batch 512 beside PyTorch CUDA eager and torch.compile on the same layers.
+run train_cnn_digits train-cnn-digits-cuda 90 "$OUT/train_cnn_digits_cuda.log" "$OUT/train_cnn_digits_cuda.log" \
+  "$BUILD/examples/train_cnn_digits" --data-dir data
+run train_cnn_digits train-cnn-digits-cpu 90 "$OUT/train_cnn_digits_cpu.log" "$OUT/train_cnn_digits_cpu.log" \
+  env CUDA_VISIBLE_DEVICES= KILN_REQUIRE_DEVICE=0 "$BUILD/examples/train_cnn_digits" --data-dir data
+run train_cifar train-cifar-cuda 90 "$OUT/train_cifar_cuda.log" "$OUT/train_cifar_cuda.log" \
+  "$BUILD/examples/train_cifar" --batch 512 --synthetic-images 16384 --epochs 3
+step torch-convnet-cuda 150 "$OUT/bench.jsonl" "$OUT/bench.err" \
+  python3 bench/torch_convnet.py --device cuda --models resnet9_w32 --batches 512 --variants eager,compiled
 
 # ---- compute-sanitizer on chosen subsets (doctest's -sf: source files; -tce: cases left out) ----
 # --report-api-errors no: the runtime tests fail API calls on purpose (cudaSetDevice(-1), a
@@ -152,10 +166,14 @@ fi
     [ -f "$OUT/$f.log" ] && grep -E '^\[doctest\] (test cases|assertions)|ERROR SUMMARY|RACECHECK SUMMARY|skipped|FAILED' \
       "$OUT/$f.log" | sed "s/^/$f: /"
   done
-  grep -h -E '"(train_step|policies|kernels|fusion)' "$OUT/bench.jsonl"
+  grep -h -E '"(train_step|policies|kernels|fusion|convnet)' "$OUT/bench.jsonl"
+  [ -f "$OUT/train_cifar_cuda.log" ] && grep -aE '^(device:|epoch|final test accuracy)' "$OUT/train_cifar_cuda.log" |
+    sed "s/^/train_cifar_cuda: /"
   for d in cuda cpu; do
     [ -f "$OUT/train_digits_$d.log" ] && grep -aE '^(device:|final test accuracy|[0-9.]+ kernels per training step)' \
       "$OUT/train_digits_$d.log" | sed "s/^/train_digits_$d: /"
+    [ -f "$OUT/train_cnn_digits_$d.log" ] && grep -aE '^(device:|final test accuracy|[0-9.]+ kernels per training step)' \
+      "$OUT/train_cnn_digits_$d.log" | sed "s/^/train_cnn_digits_$d: /"
   done
   [ -s "$OUT/bench.err" ] && { echo "bench.err:"; tail -n 5 "$OUT/bench.err"; }
   [ -s "$OUT/build_problems.txt" ] && echo "build problems: $(wc -l < "$OUT/build_problems.txt") lines in build_problems.txt"
