@@ -25,6 +25,8 @@
 #define KILN_EXAMPLE_CUDA 1  // convolution needs cuDNN on the device
 #endif
 
+#include "cli.hpp"
+
 namespace {
 
 using kiln::index_t;
@@ -44,26 +46,19 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("usage: train_cifar [--data-dir DIR] [--epochs N] [--batch N] [--lr X] [--synthetic-images N] "
-                  "[--seed N] [--threads N] [--layout nchw|nhwc]\nTrains a ResNet-9 (width 32) on CIFAR-10 from DIR (the binary version), "
-                  "or on synthetic images of the same shape when DIR is not given or has no data_batch_1.bin.\n");
-      std::exit(0);
-    }
-    KILN_CHECK(i + 1 < argc, kiln::ValueError, "option ", a, " needs a value (see --help)");
-    const std::string v = argv[++i];
-    if (a == "--epochs") o.epochs = std::stoi(v);
-    else if (a == "--batch") o.batch = std::stoll(v);
-    else if (a == "--lr") o.lr = std::stod(v);
-    else if (a == "--synthetic-images") o.synthetic_images = std::stoll(v);
-    else if (a == "--seed") o.seed = std::stoull(v);
-    else if (a == "--threads") o.threads = std::stoi(v);
-    else if (a == "--data-dir") o.data_dir = v;
-    else if (a == "--layout") o.layout = v;
-    else throw kiln::ValueError("unknown option " + a + " (see --help)");
-  }
+  kiln_example::Flags flags;
+  flags.add("--epochs", o.epochs);
+  flags.add("--batch", o.batch);
+  flags.add("--lr", o.lr);
+  flags.add("--synthetic-images", o.synthetic_images);
+  flags.add("--seed", o.seed);
+  flags.add("--threads", o.threads);
+  flags.add("--data-dir", o.data_dir);
+  flags.add("--layout", o.layout);
+  flags.parse(argc, argv,
+              "usage: train_cifar [--data-dir DIR] [--epochs N] [--batch N] [--lr X] [--synthetic-images N] "
+              "[--seed N] [--threads N] [--layout nchw|nhwc]\nTrains a ResNet-9 (width 32) on CIFAR-10 from DIR (the binary version), "
+              "or on synthetic images of the same shape when DIR is not given or has no data_batch_1.bin.\n");
   KILN_CHECK(o.layout == "nchw" || o.layout == "nhwc", kiln::ValueError, "--layout ", o.layout,
              ": the layouts are nchw and nhwc (channels-last)");
   KILN_CHECK(o.epochs > 0 && o.batch > 0 && o.lr > 0 && o.threads > 0 && o.synthetic_images > 0, kiln::ValueError,

@@ -21,6 +21,8 @@
 #define KILN_EXAMPLE_CUDA 1  // convolution needs cuDNN on the device
 #endif
 
+#include "cli.hpp"
+
 namespace {
 
 using kiln::index_t;
@@ -38,35 +40,29 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("usage: train_cnn_digits [--epochs N] [--batch N] [--accumulate N] [--lr X] [--lr-scaling "
-                  "none|linear|sqrt] [--schedule cosine|constant] [--crop-pad N] [--label-smoothing X] [--precision fp32] [--stance fused|force_eager] [--layout nchw|nhwc] [--seed N] [--threads N] "
-                  "[--data-dir DIR]\nTrains a CNN (conv16-bn-relu-pool, conv32-bn-relu-pool, fc128, fc10; AdamW) on "
-                  "digits20 on the CPU. --lr is tuned for an effective batch of 64; --lr-scaling carries it to batch "
-                  "x accumulate; --schedule cosine anneals it to 0 over the run. Training images are shifted by up to "
-                  "--crop-pad pixels (a random crop of the zero-padded digit; 0: none).\n");
-      std::exit(0);
-    }
-    KILN_CHECK(i + 1 < argc, kiln::ValueError, "option ", a, " needs a value (see --help)");
-    const std::string v = argv[++i];
-    if (a == "--epochs") o.epochs = std::stoi(v);
-    else if (a == "--batch") o.batch = std::stoll(v);
-    else if (a == "--accumulate") o.accumulate = std::stoll(v);
-    else if (a == "--lr") o.lr = std::stod(v);
-    else if (a == "--lr-scaling") o.lr_scaling = v;
-    else if (a == "--schedule") o.schedule = v;
-    else if (a == "--crop-pad") o.crop_pad = std::stoll(v);
-    else if (a == "--label-smoothing") o.label_smoothing = std::stod(v);
-    else if (a == "--precision") o.precision = v;
-    else if (a == "--stance") o.stance = v;
-    else if (a == "--layout") o.layout = v;
-    else if (a == "--seed") o.seed = std::stoull(v);
-    else if (a == "--threads") o.threads = std::stoi(v);
-    else if (a == "--data-dir") o.data_dir = v;
-    else throw kiln::ValueError("unknown option " + a + " (see --help)");
-  }
+  kiln_example::Flags flags;
+  flags.add("--epochs", o.epochs);
+  flags.add("--batch", o.batch);
+  flags.add("--accumulate", o.accumulate);
+  flags.add("--lr", o.lr);
+  flags.add("--lr-scaling", o.lr_scaling);
+  flags.add("--schedule", o.schedule);
+  flags.add("--crop-pad", o.crop_pad);
+  flags.add("--label-smoothing", o.label_smoothing);
+  flags.add("--precision", o.precision);
+  flags.add("--stance", o.stance);
+  flags.add("--layout", o.layout);
+  flags.add("--seed", o.seed);
+  flags.add("--threads", o.threads);
+  flags.add("--data-dir", o.data_dir);
+  flags.parse(argc, argv,
+              "usage: train_cnn_digits [--epochs N] [--batch N] [--accumulate N] [--lr X] [--lr-scaling "
+              "none|linear|sqrt] [--schedule cosine|constant] [--crop-pad N] [--label-smoothing X] [--precision fp32] "
+              "[--stance fused|force_eager] [--layout nchw|nhwc] [--seed N] [--threads N] "
+              "[--data-dir DIR]\nTrains a CNN (conv16-bn-relu-pool, conv32-bn-relu-pool, fc128, fc10; AdamW) on "
+              "digits20 (on the GPU when there is one). --lr is tuned for an effective batch of 64; "
+              "--lr-scaling carries it to batch x accumulate; --schedule cosine anneals it to 0 over the run. Training images are shifted by up to "
+              "--crop-pad pixels (a random crop of the zero-padded digit; 0: none).\n");
   KILN_CHECK(o.crop_pad >= 0 && o.crop_pad < 20, kiln::ValueError, "--crop-pad must be in [0, 20), got ", o.crop_pad);
   KILN_CHECK(o.epochs > 0 && o.batch > 0 && o.accumulate > 0 && o.lr > 0 && o.threads > 0, kiln::ValueError,
              "--epochs, --batch, --accumulate, --lr and --threads must be positive");

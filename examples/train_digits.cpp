@@ -15,6 +15,8 @@
 #include "kiln/train.cuh"
 #endif
 
+#include "cli.hpp"
+
 namespace {
 
 using kiln::index_t;
@@ -32,29 +34,22 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("usage: train_digits [--epochs N] [--batch N] [--accumulate N] [--lr X] [--lr-scaling none|linear|"
-                  "sqrt] [--precision fp32|tf32|bf16_mixed|fp16_mixed] [--stance fused|force_eager] [--seed N] "
-                  "[--threads N] [--data-dir DIR]\nTrains an MLP 400-256-128-10 (ReLU, AdamW) on digits20. --lr is "
-                  "tuned for an effective batch of 64; --lr-scaling carries it to batch x accumulate.\n");
-      std::exit(0);
-    }
-    KILN_CHECK(i + 1 < argc, kiln::ValueError, "option ", a, " needs a value (see --help)");
-    const std::string v = argv[++i];
-    if (a == "--epochs") o.epochs = std::stoi(v);
-    else if (a == "--batch") o.batch = std::stoll(v);
-    else if (a == "--accumulate") o.accumulate = std::stoll(v);
-    else if (a == "--lr") o.lr = std::stod(v);
-    else if (a == "--lr-scaling") o.lr_scaling = v;
-    else if (a == "--precision") o.precision = v;
-    else if (a == "--stance") o.stance = v;
-    else if (a == "--seed") o.seed = std::stoull(v);
-    else if (a == "--threads") o.threads = std::stoi(v);
-    else if (a == "--data-dir") o.data_dir = v;
-    else throw kiln::ValueError("unknown option " + a + " (see --help)");
-  }
+  kiln_example::Flags flags;
+  flags.add("--epochs", o.epochs);
+  flags.add("--batch", o.batch);
+  flags.add("--accumulate", o.accumulate);
+  flags.add("--lr", o.lr);
+  flags.add("--lr-scaling", o.lr_scaling);
+  flags.add("--precision", o.precision);
+  flags.add("--stance", o.stance);
+  flags.add("--seed", o.seed);
+  flags.add("--threads", o.threads);
+  flags.add("--data-dir", o.data_dir);
+  flags.parse(argc, argv,
+              "usage: train_digits [--epochs N] [--batch N] [--accumulate N] [--lr X] [--lr-scaling none|linear|"
+              "sqrt] [--precision fp32|tf32|bf16_mixed|fp16_mixed] [--stance fused|force_eager] [--seed N] "
+              "[--threads N] [--data-dir DIR]\nTrains an MLP 400-256-128-10 (ReLU, AdamW) on digits20. --lr is "
+              "tuned for an effective batch of 64; --lr-scaling carries it to batch x accumulate.\n");
   KILN_CHECK(o.epochs > 0 && o.batch > 0 && o.accumulate > 0 && o.lr > 0 && o.threads > 0, kiln::ValueError,
              "--epochs, --batch, --accumulate, --lr and --threads must be positive");
   return o;

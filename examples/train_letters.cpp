@@ -11,6 +11,8 @@
 #include "kiln/train.cuh"
 #endif
 
+#include "cli.hpp"
+
 namespace {
 
 using namespace kiln;
@@ -53,15 +55,15 @@ void fit(const Options& o, const data::Dataset& train_set, const data::Dataset& 
 
 int main(int argc, char** argv) try {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--epochs") o.epochs = std::stoi(v);
-    else if (a == "--batch") o.batch = std::stoll(v);
-    else if (a == "--lr") o.lr = std::stod(v);
-    else if (a == "--threads") o.threads = std::stoi(v);
-    else if (a == "--data-dir") o.data_dir = v;
-    else throw ValueError("unknown option " + a + " (options: --epochs --batch --lr --threads --data-dir)");
-  }
+  kiln_example::Flags flags;
+  flags.add("--epochs", o.epochs);
+  flags.add("--batch", o.batch);
+  flags.add("--lr", o.lr);
+  flags.add("--threads", o.threads);
+  flags.add("--data-dir", o.data_dir);
+  flags.parse(argc, argv,
+              "usage: train_letters [--epochs N] [--batch N] [--lr X] [--threads N] [--data-dir DIR]\n"
+              "Trains an MLP with LayerNorm, GELU and Dropout on UCI letter-recognition (warmup + cosine).\n");
   auto all = data::load_csv_classification(o.data_dir + "/letter-recognition.data.gz",
                                            data::CsvOptions::letter_recognition());
   auto [train_set, test_set] = data::split(all, 16000, {.seed = 0, .stratified = true});
