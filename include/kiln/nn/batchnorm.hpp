@@ -144,10 +144,7 @@ class BatchNorm2d {
   // ONE pass each way, the activation included; force_eager runs it as its own kernel each way.
   template <class Act = void>
   static constexpr Launches launches_fused(const LaunchContext& c) {
-    constexpr bool act = [] {
-      if constexpr (std::is_void_v<Act>) return false;
-      else return !is_identity_act_v<typename Act::functor>;
-    }();
+    constexpr bool act = applies_activation<Act>();
     // A device runs the statistics and the normalisation as two kernels forward, and the sums and
     // dx as two backward (the CPU: one pass each way).
     const index_t dev = c.device ? 1 : 0, dx = c.device && c.input_grad ? 1 : 0;

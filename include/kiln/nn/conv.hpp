@@ -342,10 +342,7 @@ class Conv2d {
   // fused, backward-filter (with the bias gradient), and backward-data when the input needs it.
   template <class Act = void>
   static constexpr Launches launches_fused(const LaunchContext& c) {
-    constexpr bool act = [] {
-      if constexpr (std::is_void_v<Act>) return false;
-      else return !is_identity_act_v<typename Act::functor>;
-    }();
+    constexpr bool act = applies_activation<Act>();
     // force_eager runs the activation as its own kernel each way instead of in the epilogue. A
     // device runs the bias and the activation as one kernel after the library's convolution, and
     // the bias gradient as a reduction of its own.

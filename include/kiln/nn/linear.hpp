@@ -104,10 +104,7 @@ class Linear {
   // the bias's (a pass and a column reduction), and the GEMMs.
   template <class Act = void>
   static constexpr Launches launches_fused(const LaunchContext& c) {
-    constexpr bool act = [] {
-      if constexpr (std::is_void_v<Act>) return false;
-      else return !is_identity_act_v<typename Act::functor>;
-    }();
+    constexpr bool act = applies_activation<Act>();
     const index_t dx = c.input_grad ? 1 : 0;
     if (c.eager) return {1 + index_t(Bias) + index_t(act), index_t(act) + (Bias ? 2 : 0) + 1 + dx};
     return {1, index_t(act && !c.folded) + 1 + dx};

@@ -12,6 +12,7 @@
 #include "kiln/autograd/tape.hpp"
 #include "kiln/autograd/var.hpp"
 #include "kiln/config.hpp"
+#include "kiln/core/epilogue.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/core/tensor.hpp"
 
@@ -118,6 +119,14 @@ constexpr bool is_activation_of() {
 }
 template <class L>
 inline constexpr bool is_activation_v = is_activation_of<L>();
+
+// Whether a layer fused into a preceding one (launches_fused<Act>) applies a function: false for
+// none (void) and for the identity's layer. Its functor says (Act::functor).
+template <class Act>
+constexpr bool applies_activation() {
+  if constexpr (std::is_void_v<Act>) return false;
+  else return !is_identity_act_v<typename Act::functor>;
+}
 
 // Layers that can run a following activation inside their own output kernel (Linear) say
 // `static constexpr bool fuses_activation = true` and give `forward_fused<Act>(tape, x)`.
