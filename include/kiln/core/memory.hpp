@@ -34,6 +34,10 @@ struct memory_traits<host> {
   static void copy_to_host(void* dst, const void* src, std::size_t bytes) {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  // Copies host bytes into this space (a checkpoint's tensors into a model).
+  static void copy_from_host(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
 };
 
 }  // namespace kiln

@@ -130,13 +130,14 @@ class DeviceLoader {
 
   // Begins epoch `epoch` of the host loader (see Loader::start_epoch), abandons the rest of the
   // current one and starts uploading its first batch. The batch handed out last becomes invalid.
-  void start_epoch(index_t epoch) {
+  void start_epoch(index_t epoch, index_t first_batch = 0) {
     const auto t0 = std::chrono::steady_clock::now();
     release_current();
     pending_ = -1;
     error_ = nullptr;
     started_ = false;
-    loader_->start_epoch(epoch);
+    loader_->start_epoch(epoch, first_batch);
+    taken_ = first_batch;
     started_ = true;
     stage(0);
     wait_ += std::chrono::steady_clock::now() - t0;
@@ -163,6 +164,7 @@ class DeviceLoader {
     KILN_CUDA_CHECK(cudaStreamWaitEvent(consumer_, slots_[s].copied.get(), 0));
     current_ = s;
     ++served_;
+    ++taken_;
     stage(1 - s);
     return &slots_[s].batch;
   }
@@ -173,6 +175,8 @@ class DeviceLoader {
   // included (it blocks no host thread).
   double wait_seconds() const { return std::chrono::duration<double>(wait_).count(); }
   index_t batches_served() const { return served_; }
+  // Batches handed out this epoch (from start_epoch's first_batch).
+  index_t batches_taken() const { return taken_; }
   void reset_stats() {
     wait_ = {};
     served_ = 0;
@@ -247,6 +251,7 @@ class DeviceLoader {
   std::exception_ptr error_;
   bool started_ = false;
   index_t served_ = 0;
+  index_t taken_ = 0;
   std::chrono::steady_clock::duration wait_{};
 };
 
@@ -260,10 +265,13 @@ class BatchLoader<cuda> {
       : host_(dataset, std::move(options)), device_(host_, exec.stream()) {}
   BatchLoader(Dataset&&, LoaderOptions, auto&) = delete;  // the loader keeps a pointer to the dataset
 
-  void start_epoch(index_t epoch) { device_.start_epoch(epoch); }
+  void start_epoch(index_t epoch, index_t first_batch = 0) { device_.start_epoch(epoch, first_batch); }
   const DeviceBatch* next() { return device_.next(); }
   index_t batches_per_epoch() const { return host_.batches_per_epoch(); }
   index_t batch_size() const { return host_.batch_size(); }
+  index_t epoch() const { return host_.epoch(); }
+  // Batches handed out by next() this epoch: the host loader runs one batch ahead (staging).
+  index_t batches_taken() const { return device_.batches_taken(); }
   double wait_seconds() const { return device_.wait_seconds(); }
 
  private:

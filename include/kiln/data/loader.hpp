@@ -102,9 +102,13 @@ class Loader {
   ~Loader() { stop_workers(); }
 
   // Begins epoch `epoch` (any order of epochs; restarting one is allowed) and abandons whatever
-  // is left of the current one.
-  void start_epoch(index_t epoch) {
+  // is left of the current one. With first_batch > 0 the epoch starts at that batch, as if the
+  // ones before had been taken: a run resumed from a checkpoint (kiln/train/checkpoint.hpp) sees
+  // the batches the interrupted run would have seen next.
+  void start_epoch(index_t epoch, index_t first_batch = 0) {
     KILN_CHECK(epoch >= 0, ValueError, "Loader: epoch = ", epoch, " must not be negative");
+    KILN_CHECK(first_batch >= 0 && first_batch <= batches_per_epoch_, ValueError, "Loader: first_batch = ",
+               first_batch, " is outside the epoch's ", batches_per_epoch_, " batches");
     stop_workers();
     order_.resize(static_cast<std::size_t>(ds_->n));
     std::iota(order_.begin(), order_.end(), index_t{0});
@@ -113,7 +117,7 @@ class Loader {
           .shuffle(order_);
     epoch_ = epoch;
     started_ = true;
-    taken_ = next_claim_ = 0;
+    taken_ = next_claim_ = released_ = first_batch;
     failed_at_ = -1;
     error_ = nullptr;
     for (Slot& s : slots_) s.ready = -1;
@@ -159,6 +163,10 @@ class Loader {
   }
 
   index_t batches_per_epoch() const { return batches_per_epoch_; }
+  // The epoch start_epoch() began last, and how many of its batches next() has handed out (the
+  // position a checkpoint records).
+  index_t epoch() const { return epoch_; }
+  index_t batches_taken() const { return taken_; }
   index_t batch_size() const { return opt_.batch_size; }
   const Dataset& dataset() const { return *ds_; }
 

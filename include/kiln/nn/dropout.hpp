@@ -380,6 +380,12 @@ class Dropout {
   }
   std::uint64_t seed() const { return seed_; }
   std::uint64_t offset() const { return offset_; }
+  // The mask stream and where the next mask starts drawing in it: a run resumed from a checkpoint
+  // (kiln/train/checkpoint.hpp) continues the uninterrupted run's masks.
+  void set_rng(std::uint64_t seed, std::uint64_t offset) {
+    seed_ = seed;
+    offset_ = offset;
+  }
 
   // In training mode one kernel each way (none at P = 0: the input passes through); none in eval
   // mode. (Counted for the P in the type; set_p(0) at run time launches nothing.)

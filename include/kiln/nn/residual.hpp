@@ -103,7 +103,9 @@ class Residual {
            ")";
   }
   Body& body() { return body_; }
+  const Body& body() const { return body_; }
   SC& shortcut() { return shortcut_; }
+  const SC& shortcut() const { return shortcut_; }
 
  private:
   static Generator& lvalue(Generator&& g) { return g; }

@@ -354,6 +354,26 @@ class AdamBase {
   std::span<float> max_exp_avg_sq() { return max_exp_avg_sq_; }
   std::span<const float> max_exp_avg_sq() const { return max_exp_avg_sq_; }
 
+  // Checkpoint state (optim::StateBuffer): the moments, and each parameter's step count t.
+  static constexpr const char* counter_name = "step";
+  std::vector<StateBuffer> state_buffers() {
+    std::vector<StateBuffer> out{{"exp_avg", exp_avg_.data()}, {"exp_avg_sq", exp_avg_sq_.data()}};
+    if (opt_.amsgrad) out.push_back({"max_exp_avg_sq", max_exp_avg_sq_.data()});
+    return out;
+  }
+  std::vector<index_t> param_counters() const {
+    std::vector<index_t> out;
+    for (index_t k = 0; k < table_.count(); ++k) out.push_back(slots_.steps(k));
+    return out;
+  }
+  // requires: one count per parameter of table(), each >= 0.
+  void set_param_counters(const std::vector<index_t>& counts) {
+    KILN_CHECK(index_t(counts.size()) == table_.count(), ValueError, name, "::set_param_counters: ", counts.size(),
+               " counts for ", table_.count(), " parameters");
+    slots_.counts() = counts;
+  }
+  void set_steps(index_t steps) { steps_ = steps; }
+
  private:
   void fused_step(CpuExecutor& exec) {
     const bool ams = opt_.amsgrad;

@@ -263,6 +263,34 @@ class SGD<cuda> {
   float* d_momentum_buffer() { return has_buffer_ ? momentum_buffer_.data() : nullptr; }
   const float* d_momentum_buffer() const { return has_buffer_ ? momentum_buffer_.data() : nullptr; }
 
+  // Checkpoint state (optim::StateBuffer, device pointers), as SGD<host>'s.
+  static constexpr const char* counter_name = "momentum_started";
+  std::vector<StateBuffer> state_buffers() {
+    if (opt_.momentum == 0.0) return {};
+    if (!has_buffer_) {
+      momentum_buffer_ = cu::DeviceBuffer<float>(table_.total_size());
+      if (momentum_buffer_.size() > 0) KILN_CUDA_CHECK(cudaMemset(momentum_buffer_.data(), 0, momentum_buffer_.size_bytes()));
+      has_buffer_ = true;
+    }
+    return {{"momentum_buffer", momentum_buffer_.data()}};
+  }
+  std::vector<index_t> param_counters() const {
+    sync_mirror(nullptr);
+    std::vector<index_t> out;
+    for (index_t k = 0; k < table_.count(); ++k) out.push_back(slots_.has_buffer(k) ? 1 : 0);
+    return out;
+  }
+  void set_param_counters(const std::vector<index_t>& started) {
+    KILN_CHECK(index_t(started.size()) == table_.count(), ValueError, "SGD::set_param_counters: ", started.size(),
+               " flags for ", table_.count(), " parameters");
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    for (std::size_t k = 0; k < started.size(); ++k) slots_.buffer_bits()[k] = started[k] != 0;
+    detail::upload_state(reinterpret_cast<char*>(started_.data()), slots_.buffer_bits(), nullptr);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    mirror_ok_ = true;
+  }
+  void set_steps(index_t steps) { steps_ = steps; }
+
  private:
   static const SgdOptions& checked(const SgdOptions& o) {
     detail::check_sgd(o);
@@ -413,6 +441,28 @@ class CudaAdamBase {
   const float* d_exp_avg() const { return exp_avg_.data(); }
   const float* d_exp_avg_sq() const { return exp_avg_sq_.data(); }
   const float* d_max_exp_avg_sq() const { return max_exp_avg_sq_.data(); }
+
+  // Checkpoint state (optim::StateBuffer, device pointers), as Adam(W)<host>'s.
+  static constexpr const char* counter_name = "step";
+  std::vector<StateBuffer> state_buffers() {
+    std::vector<StateBuffer> out{{"exp_avg", exp_avg_.data()}, {"exp_avg_sq", exp_avg_sq_.data()}};
+    if (opt_.amsgrad) out.push_back({"max_exp_avg_sq", max_exp_avg_sq_.data()});
+    return out;
+  }
+  std::vector<index_t> param_counters() const {
+    sync_mirror(nullptr);
+    return slots_.counts();
+  }
+  void set_param_counters(const std::vector<index_t>& counts) {
+    KILN_CHECK(index_t(counts.size()) == table_.count(), ValueError, name, "::set_param_counters: ", counts.size(),
+               " counts for ", table_.count(), " parameters");
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    slots_.counts() = counts;
+    upload_state(t_.data(), slots_.counts(), nullptr);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    mirror_ok_ = true;
+  }
+  void set_steps(index_t steps) { steps_ = steps; }
 
  private:
   static const Options& checked(const Options& o) {

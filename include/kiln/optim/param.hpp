@@ -128,6 +128,19 @@ class ParamTable {
   std::vector<index_t> offsets_{0};  // count() + 1 entries: offsets_[k] .. offsets_[k + 1] is slot k
 };
 
+// What an optimizer keeps between steps, as a checkpoint (kiln/train/checkpoint.hpp) saves and
+// restores it. Every optimizer gives
+//   std::vector<StateBuffer> state_buffers();       // float buffers laid out like table()
+//   std::vector<index_t> param_counters() const;    // one integer per parameter (counter_name)
+//   void set_param_counters(const std::vector<index_t>&);
+//   void set_steps(index_t);                        // the count steps() returns
+// The buffers' pointers are in the optimizer's memory space; state_buffers() creates a buffer an
+// optimizer makes lazily (SGD's momentum), so a restored one can be written into it.
+struct StateBuffer {
+  const char* name;  // PyTorch's key in optimizer.state[p]: "exp_avg", "momentum_buffer", ...
+  float* data;       // table().total_size() floats; parameter k's part starts at table().offset(k)
+};
+
 // A step's guard (PyTorch's GradScaler.step skipping optimizer.step on inf/NaN gradients):
 // found_inf points at one float in the optimizer's memory space (device memory for a CUDA
 // optimizer), written by whatever checked the gradients earlier on the same stream. When it

@@ -267,6 +267,27 @@ class SGD<host> {
   // where a parameter's buffer has not started.
   std::span<float> momentum_buffer() { return momentum_buffer_; }
   std::span<const float> momentum_buffer() const { return momentum_buffer_; }
+
+  // Checkpoint state (optim::StateBuffer): the momentum buffer (created here when momentum is on)
+  // and whether each parameter's buffer has started (0 or 1).
+  static constexpr const char* counter_name = "momentum_started";
+  std::vector<StateBuffer> state_buffers() {
+    if (opt_.momentum == 0.0) return {};
+    if (momentum_buffer_.empty()) momentum_buffer_.assign(std::size_t(table_.total_size()), 0.0f);
+    return {{"momentum_buffer", momentum_buffer_.data()}};
+  }
+  std::vector<index_t> param_counters() const {
+    std::vector<index_t> out;
+    for (index_t k = 0; k < table_.count(); ++k) out.push_back(slots_.has_buffer(k) ? 1 : 0);
+    return out;
+  }
+  // requires: one flag (0 or 1) per parameter of table().
+  void set_param_counters(const std::vector<index_t>& started) {
+    KILN_CHECK(index_t(started.size()) == table_.count(), ValueError, "SGD::set_param_counters: ", started.size(),
+               " flags for ", table_.count(), " parameters");
+    for (std::size_t k = 0; k < started.size(); ++k) slots_.buffer_bits()[k] = started[k] != 0;
+  }
+  void set_steps(index_t steps) { steps_ = steps; }
   // Whether parameter k's momentum buffer has started (PyTorch's state[p]["momentum_buffer"]).
   bool has_momentum_buffer(index_t k) const { return slots_.has_buffer(k); }
 

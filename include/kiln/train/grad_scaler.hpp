@@ -257,6 +257,12 @@ class GradScaler {
                "operation that produces inf or NaN");
   }
 
+  // Replaces the state block (a checkpoint's, kiln/train/checkpoint.hpp); between steps only.
+  void load_state(const detail::ScalerState& s) {
+    KILN_CHECK(!unscaled_, ValueError, "GradScaler::load_state: called between unscale_and_check() and update()");
+    detail::ScalerBackend<Space>::upload(state_.get(), s);
+  }
+
   bool enabled() const { return opt_.enabled; }
   const GradScalerOptions& options() const { return opt_; }
 

@@ -216,6 +216,28 @@ class Step {
   index_t micro_batches() const { return micro_batches_; }
   index_t optimizer_steps() const { return optimizer_steps_; }
   bool stepped() const { return stepped_; }  // whether the last call ran the optimizer
+  // Between optimizer steps (no micro-batch of an accumulation pending): where a checkpoint can be
+  // taken (kiln/train/checkpoint.hpp), since gradients are then none and need no saving.
+  bool at_step_boundary() const { return micro_batches_ % accumulate_ == 0; }
+
+  // Continues a run from a checkpoint, after its model, optimizer and scaler state were loaded
+  // (train::load_checkpoint calls this): the counts become the checkpoint's, the schedule's rate
+  // is that of the next optimizer step, bf16 / f16 weight copies are rounded from the loaded
+  // weights, gradients are none and the loss window is empty.
+  // throws: ValueError when micro_batches is not optimizer_steps whole accumulations.
+  void resume_at(index_t micro_batches, index_t optimizer_steps) {
+    KILN_CHECK(micro_batches >= 0 && optimizer_steps >= 0 && micro_batches == optimizer_steps * accumulate_,
+               ValueError, "train::Step::resume_at: ", micro_batches, " micro-batches are not ", optimizer_steps,
+               " optimizer steps of ", accumulate_, " micro-batches (a checkpoint from a run with another "
+               "--accumulate?)");
+    micro_batches_ = micro_batches;
+    optimizer_steps_ = optimizer_steps;
+    stepped_ = false;
+    window_used_ = window_next_ = 0;
+    if (schedule_) opt_->set_lr(schedule_(optimizer_steps_));
+    if constexpr (mixed) model_->template refresh_low_copies<low_type>(*exec_);
+    opt_->zero_grad(*exec_, /*set_to_none=*/true);
+  }
 
   // One line for the start of a run: precision (and what it means on this executor), stance,
   // accumulation, loss scaling — with a note for choices that are legal but do nothing here.

@@ -31,6 +31,13 @@ struct memory_traits<cuda> {
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
     if (bytes) KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
   }
+  // Copies host bytes into device memory after all queued work (which may still read dst) has
+  // finished; returns once the copy is done.
+  static void copy_from_host(void* dst, const void* src, std::size_t bytes) {
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    if (bytes) KILN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 };
 
 // Host ↔ device copies. Each takes the stream (or the executor) whose work it must be ordered

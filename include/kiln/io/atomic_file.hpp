@@ -1,0 +1,87 @@
+// kiln/io/atomic_file.hpp — replacing a file so that a crash, a kill or a full disk at any moment
+// leaves either the old file or the new one, never a mix: write a temporary file in the same
+// directory, fsync it, rename it over the target, fsync the directory (POSIX rename is atomic
+// within a file system; the directory fsync makes the rename itself durable).
+//
+//   kiln::io::write_file_atomically("ckpt/step-100.safetensors", {bytes.data(), bytes.size()});
+#pragma once
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kiln/core/error.hpp"
+
+namespace kiln::io {
+
+namespace detail {
+inline std::string errno_text(int e) { return std::strerror(e); }
+
+// The directory part of a path ("." for a bare name).
+inline std::string directory_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+inline std::string base_name_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Closes a descriptor on every way out.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+}  // namespace detail
+
+// The temporary name write_file_atomically uses for `path`: hidden, in the same directory, unique
+// per process, and recognisable (a directory scan can remove ones a killed run left behind).
+inline std::string temporary_name_for(const std::string& path) {
+  return detail::directory_of(path) + "/." + detail::base_name_of(path) + ".tmp." + std::to_string(::getpid());
+}
+
+// Replaces `path` with `bytes` atomically and durably (see the header comment).
+// throws: DataError naming the file and the step that failed (create, write, fsync, rename) with
+//   the system's reason; the temporary file is removed and an existing `path` is untouched.
+inline void write_file_atomically(const std::string& path, std::span<const unsigned char> bytes) {
+  const std::string tmp = temporary_name_for(path);
+  auto fail = [&](const char* step, int e) {
+    ::unlink(tmp.c_str());
+    throw DataError(::kiln::detail::concat("cannot write ", path, ": ", step, " failed: ", detail::errno_text(e),
+                                           " (the previous file, if any, is unchanged)"));
+  };
+  {
+    detail::Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    if (f.fd < 0) {
+      const int e = errno;  // nothing was created: do not unlink another process's file
+      throw DataError(::kiln::detail::concat("cannot write ", path, ": creating ", tmp, " failed: ",
+                                             detail::errno_text(e)));
+    }
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+      const ::ssize_t w = ::write(f.fd, bytes.data() + done, bytes.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail("writing", w < 0 ? errno : ENOSPC);
+      done += std::size_t(w);
+    }
+    if (::fsync(f.fd) != 0) fail("fsync", errno);
+    const int fd = f.fd;
+    f.fd = -1;
+    if (::close(fd) != 0) fail("close", errno);  // NFS reports write errors here
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", errno);
+  // The rename is in the directory's data: sync it, or a power cut may forget the new name.
+  detail::Fd dir{::open(detail::directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (dir.fd >= 0) ::fsync(dir.fd);  // best effort: some file systems refuse fsync on directories
+}
+
+}  // namespace kiln::io
