@@ -24,6 +24,12 @@ namespace kiln_example {
 
 class Flags {
  public:
+  // A switch: --name (no value) sets field to true.
+  Flags& add(std::string name, bool& field) {
+    switches_.emplace_back(std::move(name), &field);
+    return *this;
+  }
+
   // Binds --name to field: int, long long / index_t, std::uint64_t, double or std::string.
   template <class T>
   Flags& add(std::string name, T& field) {
@@ -55,6 +61,10 @@ class Flags {
         std::fputs(usage, stdout);
         std::exit(0);
       }
+      if (bool* on = find_switch(a)) {
+        *on = true;
+        continue;
+      }
       KILN_CHECK(i + 1 < argc, kiln::ValueError, "option ", a, " needs a value (see --help)");
       const std::string v = argv[++i];
       const auto* flag = find(a);
@@ -76,7 +86,13 @@ class Flags {
       if (f.first == name) return &f;
     return nullptr;
   }
+  bool* find_switch(const std::string& name) const {
+    for (const auto& s : switches_)
+      if (s.first == name) return s.second;
+    return nullptr;
+  }
   std::vector<Entry> flags_;
+  std::vector<std::pair<std::string, bool*>> switches_;
 };
 
 }  // namespace kiln_example

@@ -4,31 +4,46 @@
 //
 //   build/examples/train_digits --data-dir data [--epochs 10] [--batch 64] [--accumulate 1]
 //     [--lr 1e-3] [--lr-scaling sqrt] [--precision fp32] [--stance fused] [--seed 0] [--threads 1]
+//     [--digits 0-9] [--checkpoint-dir DIR] [--checkpoint-every N] [--keep 2] [--resume]
+//     [--verify-checkpoints] [--log-dir DIR]
+//
+// Checkpoints (kiln/train/checkpoint_dir.hpp): with --checkpoint-dir the run saves there every
+// --checkpoint-every optimizer steps and at its end; --resume continues from the newest valid one
+// until --epochs epochs in all have run, bit for bit where an uninterrupted run would be (the
+// closing "state crc32c" line says so). --verify-checkpoints loads every checkpoint in the
+// directory, reports, and exits (non-zero when one does not load). --log-dir writes TensorBoard
+// event files and scalars.csv (loss, lr, loss scale, steps/s, samples/s, data-wait fraction).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kiln/io/training_log.hpp"
 #include "kiln/train.hpp"
+#include "kiln/train/checkpoint_dir.hpp"
 #if KILN_CUDA_COMPILER
 #include "kiln/train.cuh"
 #endif
 
 #include "cli.hpp"
+#include "digits_common.hpp"
 
 namespace {
 
 using kiln::index_t;
-using Model = kiln::nn::Sequential<kiln::nn::Linear<400, 256>, kiln::nn::ReLU, kiln::nn::Linear<256, 128>,
-                                   kiln::nn::ReLU, kiln::nn::Linear<128, 10>>;
+using Model = kiln_example::DigitsMlp;
 constexpr index_t base_batch = 64;  // the batch --lr is tuned for
 
 struct Options {
   int epochs = 10, threads = 1;
-  index_t batch = 64, accumulate = 1;
+  index_t batch = 64, accumulate = 1, checkpoint_every = 0, keep = 2;
   double lr = 1e-3;
-  std::string lr_scaling = "sqrt", precision = "fp32", stance = "fused", data_dir = "data";
+  std::string lr_scaling = "sqrt", precision = "fp32", stance = "fused", data_dir = "data", digits = "all";
+  std::string checkpoint_dir, log_dir;
+  bool resume = false, verify_checkpoints = false;
   std::uint64_t seed = 0;
 };
 
@@ -45,13 +60,30 @@ Options parse(int argc, char** argv) {
   flags.add("--seed", o.seed);
   flags.add("--threads", o.threads);
   flags.add("--data-dir", o.data_dir);
+  flags.add("--digits", o.digits);
+  flags.add("--checkpoint-dir", o.checkpoint_dir);
+  flags.add("--checkpoint-every", o.checkpoint_every);
+  flags.add("--keep", o.keep);
+  flags.add("--resume", o.resume);
+  flags.add("--verify-checkpoints", o.verify_checkpoints);
+  flags.add("--log-dir", o.log_dir);
   flags.parse(argc, argv,
               "usage: train_digits [--epochs N] [--batch N] [--accumulate N] [--lr X] [--lr-scaling none|linear|"
               "sqrt] [--precision fp32|tf32|bf16_mixed|fp16_mixed] [--stance fused|force_eager] [--seed N] "
-              "[--threads N] [--data-dir DIR]\nTrains an MLP 400-256-128-10 (ReLU, AdamW) on digits20. --lr is "
-              "tuned for an effective batch of 64; --lr-scaling carries it to batch x accumulate.\n");
+              "[--threads N] [--data-dir DIR] [--digits 0-9] [--checkpoint-dir DIR] [--checkpoint-every N] "
+              "[--keep K] [--resume] [--verify-checkpoints] [--log-dir DIR]\n"
+              "Trains an MLP 400-256-128-10 (ReLU, AdamW) on digits20 (--digits: only those classes). --lr is "
+              "tuned for an effective batch of 64; --lr-scaling carries it to batch x accumulate.\n"
+              "--checkpoint-dir: save there every --checkpoint-every optimizer steps (0: only at the end), keeping "
+              "the last --keep; --resume continues from the newest valid checkpoint until --epochs epochs in all "
+              "have run. --verify-checkpoints: load every checkpoint in --checkpoint-dir, report, exit. --log-dir: "
+              "TensorBoard event files and scalars.csv.\n");
   KILN_CHECK(o.epochs > 0 && o.batch > 0 && o.accumulate > 0 && o.lr > 0 && o.threads > 0, kiln::ValueError,
              "--epochs, --batch, --accumulate, --lr and --threads must be positive");
+  KILN_CHECK(o.checkpoint_every >= 0 && o.keep >= 1, kiln::ValueError,
+             "--checkpoint-every must be >= 0 and --keep >= 1");
+  KILN_CHECK(!o.checkpoint_dir.empty() || (!o.resume && !o.verify_checkpoints && o.checkpoint_every == 0),
+             kiln::ValueError, "--resume, --verify-checkpoints and --checkpoint-every need --checkpoint-dir");
   return o;
 }
 
@@ -59,74 +91,150 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// Loads every checkpoint of the directory into a fresh step; returns the exit status (0: all load).
+template <class StepT>
+int verify_checkpoints(const Options& o, StepT& step) {
+  kiln::train::CheckpointDir dir(o.checkpoint_dir, {.keep = o.keep});
+  int valid = 0, invalid = 0;
+  for (const std::string& file : dir.list()) {
+    try {
+      const auto info = kiln::train::load_checkpoint(file, step);
+      std::printf("valid   %s (optimizer step %lld, epoch %lld, batch %lld)\n", file.c_str(),
+                  (long long)info.optimizer_steps, (long long)info.position.epoch, (long long)info.position.batch);
+      ++valid;
+    } catch (const kiln::DataError& e) {
+      std::printf("INVALID %s\n", e.what());
+      ++invalid;
+    }
+  }
+  std::printf("checkpoints: %d valid, %d invalid\n", valid, invalid);
+  return invalid == 0 && valid > 0 ? 0 : 1;
+}
+
 template <class Space, class Policy>
-void train(const Options& o, const kiln::data::Dataset& train_set, const kiln::data::Dataset& test_set) {
+int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::data::Dataset& test_set) {
   auto exec = kiln::make_executor<Space>(o.threads);
   typename Model::template on<Space> model(o.seed);
   const index_t effective = o.batch * o.accumulate;
   const double lr = kiln::optim::scale_lr(kiln::optim::batch_scaling(o.lr_scaling), o.lr, base_batch, effective);
   kiln::optim::AdamW opt(model, {.lr = lr});
   kiln::train::Step step(model, opt, exec, Policy{}, {}, {.accumulate = o.accumulate});
+  if (o.verify_checkpoints) return verify_checkpoints(o, step);
   kiln::data::BatchLoader<Space> loader(train_set, {.batch_size = o.batch, .seed = o.seed}, exec);
   std::printf("step: %s\neffective batch %lld (%lld x %lld); AdamW lr %g (%s scaling from batch %lld, --lr %g)\n",
               step.describe().c_str(), (long long)effective, (long long)o.batch, (long long)o.accumulate, lr,
               o.lr_scaling.c_str(), (long long)base_batch, o.lr);
+
+  std::optional<kiln::train::CheckpointDir> checkpoints;
+  kiln::train::TrainPosition at{};
+  double loss_sum = 0;  // this epoch's, carried through a checkpoint so a resumed epoch reports it whole
+  if (!o.checkpoint_dir.empty()) checkpoints.emplace(o.checkpoint_dir, kiln::train::CheckpointDirOptions{.keep = o.keep});
+  if (o.resume) {
+    if (auto info = checkpoints->resume(step)) {
+      at = info->position;
+      if (auto it = info->metadata.find("train_digits.epoch_loss_sum"); it != info->metadata.end())
+        loss_sum = std::stod(it->second);
+      std::printf("resumed from %s: epoch %lld, batch %lld, optimizer step %lld\n", info->path.c_str(),
+                  (long long)at.epoch + 1, (long long)at.batch, (long long)info->optimizer_steps);
+    } else {
+      std::printf("nothing to resume in %s: starting from scratch\n", o.checkpoint_dir.c_str());
+    }
+  }
+  KILN_CHECK(at.epoch <= o.epochs, kiln::ValueError, "the checkpoint has run ", at.epoch, " epochs and ", at.batch,
+             " batches, more than --epochs ", o.epochs);
+  const bool finished = at.epoch == o.epochs;
+  std::optional<kiln::io::TrainingLog> log;
+  if (!o.log_dir.empty()) log.emplace(o.log_dir);
+
   std::vector<double> epoch_seconds;
   const auto start = std::chrono::steady_clock::now();
-  double loss_sum = 0;
+  auto window_start = start;
+  double window_wait = loader.wait_seconds();
+  index_t window_steps0 = step.optimizer_steps();
   auto read_losses = [&] {  // a NaN or infinite loss throws, naming its micro-batch
-    for (float loss : step.take_losses(/*require_finite=*/true)) loss_sum += loss;
+    const auto losses = step.take_losses(/*require_finite=*/true);
+    double window_sum = 0;
+    for (float loss : losses) {
+      loss_sum += loss;  // one at a time: the same sums whether or not checkpoints split the windows
+      window_sum += loss;
+    }
+    if (log && !losses.empty()) {
+      const double dt = std::max(seconds_since(window_start), 1e-9);
+      const double steps = double(step.optimizer_steps() - window_steps0);
+      log->write(step.optimizer_steps(), {{"train/loss", window_sum / double(losses.size())},
+                                          {"train/lr", opt.lr()},
+                                          {"train/loss_scale", step.scaler().enabled() ? step.scaler().scale() : 1.0},
+                                          {"perf/steps_per_s", steps / dt},
+                                          {"perf/samples_per_s", double(losses.size()) * double(o.batch) / dt},
+                                          {"perf/data_wait_fraction", (loader.wait_seconds() - window_wait) / dt}});
+      window_start = std::chrono::steady_clock::now();
+      window_wait = loader.wait_seconds();
+      window_steps0 = step.optimizer_steps();
+    }
   };
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+  auto save = [&](kiln::train::TrainPosition position, double epoch_loss) {
+    checkpoints->save(step, position, {{"train_digits.epoch_loss_sum", kiln::train::detail::number_text(epoch_loss)}});
+  };
+  for (index_t epoch = at.epoch; epoch < o.epochs; ++epoch) {
     const auto t0 = std::chrono::steady_clock::now();
-    loader.start_epoch(epoch);
+    loader.start_epoch(epoch, epoch == at.epoch ? at.batch : 0);
     if (epoch == o.epochs - 1) step.record_next_step();
-    loss_sum = 0;
+    if (epoch != at.epoch) loss_sum = 0;
     while (const auto* batch = loader.next()) {
       step(*batch);
       if (step.window_full()) read_losses();
+      if (o.checkpoint_every > 0 && step.stepped() && step.optimizer_steps() % o.checkpoint_every == 0) {
+        read_losses();  // the epoch's loss so far goes into the checkpoint
+        save({epoch, loader.batches_taken()}, loss_sum);
+      }
     }
     read_losses();
     epoch_seconds.push_back(seconds_since(t0));
-    std::printf("epoch %2d/%d  train loss %.4f  test accuracy %.4f  %.3f s\n", epoch + 1, o.epochs,
+    std::printf("epoch %2lld/%d  train loss %.4f  test accuracy %.4f  %.3f s\n", (long long)epoch + 1, o.epochs,
                 loss_sum / double(loader.batches_per_epoch()), kiln::train::accuracy(model, exec, test_set),
                 epoch_seconds.back());
+  }
+  if (checkpoints && !finished) save({o.epochs, 0}, 0.0);
+  const double final_accuracy = kiln::train::accuracy(model, exec, test_set);
+  if (epoch_seconds.empty()) {  // a resume of a finished run
+    std::printf("final test accuracy %.4f; the checkpoint is already at epoch %d\nstate crc32c %08x\n", final_accuracy,
+                o.epochs, kiln::train::state_checksum(model));
+    return 0;
   }
   std::sort(epoch_seconds.begin(), epoch_seconds.end());
   const auto rep = kiln::train::report(step);
   std::printf("%sfinal test accuracy %.4f; total %.2f s; median epoch %.4f s; waited for data %.4f s\n"
-              "%.1f kernels per training step (%lld predicted at compile time)\n",
-              rep.str().c_str(), kiln::train::accuracy(model, exec, test_set), seconds_since(start),
-              epoch_seconds[epoch_seconds.size() / 2], loader.wait_seconds(), rep.kernels_per_step,
-              (long long)rep.predicted);
+              "%.1f kernels per training step (%lld predicted at compile time)\nstate crc32c %08x\n",
+              rep.str().c_str(), final_accuracy, seconds_since(start), epoch_seconds[epoch_seconds.size() / 2],
+              loader.wait_seconds(), rep.kernels_per_step, (long long)rep.predicted, kiln::train::state_checksum(model));
+  return 0;
 }
 
 template <class Space>
-void run(const Options& o, const kiln::data::Dataset& tr, const kiln::data::Dataset& te) {
+int run(const Options& o, const kiln::data::Dataset& tr, const kiln::data::Dataset& te) {
+  int status = 0;
   kiln::select_policy<kiln::accumulate<kiln::dyn>>(o.precision, o.stance,
-                                                   [&]<class Policy>() { train<Space, Policy>(o, tr, te); });
+                                                   [&]<class Policy>() { status = train<Space, Policy>(o, tr, te); });
+  return status;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  const std::string dir = o.data_dir + "/";
-  auto train_set = kiln::data::load_idx_classification(dir + "digits20-train-images-idx3-ubyte.gz",
-                                                       dir + "digits20-train-labels-idx1-ubyte.gz", 10);
-  auto test_set = kiln::data::load_idx_classification(dir + "digits20-test-images-idx3-ubyte.gz",
-                                                      dir + "digits20-test-labels-idx1-ubyte.gz", 10);
-  // MNIST-style global standardisation (one mean and std from the training set).
-  auto norm = kiln::data::fit_normalizer(train_set, {.scale = 1.0f / 255, .standardize = kiln::data::Standardize::global});
-  norm.apply(train_set);
-  norm.apply(test_set);
-  std::printf("data: %lld train / %lld test digits, %lld features; %s\n", (long long)train_set.n,
-              (long long)test_set.n, (long long)train_set.d, Model(o.seed).describe().c_str());
+  // --verify-checkpoints reads no data: it only loads checkpoints into a model.
+  auto data = o.verify_checkpoints ? kiln_example::DigitsData{} : kiln_example::load_digits(o.data_dir);
+  const auto keep = kiln_example::parse_digits(o.digits);
+  if (o.digits != "all") {
+    data.train = kiln_example::only_digits(data.train, keep);
+    data.test = kiln_example::only_digits(data.test, keep);
+  }
+  std::printf("data: %lld train / %lld test digits (%s), %lld features; %s\n", (long long)data.train.n,
+              (long long)data.test.n, o.digits.c_str(), (long long)data.train.d, Model(o.seed).describe().c_str());
 #if KILN_CUDA_COMPILER
   if (kiln::cu::device_available()) {
     std::printf("device: CUDA (%s)\n", kiln::cu::device_name().c_str());
-    run<kiln::cuda>(o, train_set, test_set);
-    return 0;
+    return run<kiln::cuda>(o, data.train, data.test);
   }
   if (kiln::device_required()) return kiln::cu::report_no_device("train_digits");  // KILN_REQUIRE_DEVICE
   std::printf("device: CPU, %d thread%s (no CUDA device: %s)\n", o.threads, o.threads == 1 ? "" : "s",
@@ -136,8 +244,7 @@ int main(int argc, char** argv) try {
   std::printf("device: CPU, %d thread%s (this build has no CUDA: nvcc was not found)\n", o.threads,
               o.threads == 1 ? "" : "s");
 #endif
-  run<kiln::host>(o, train_set, test_set);
-  return 0;
+  return run<kiln::host>(o, data.train, data.test);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_digits: %s\n", e.what());
   return 1;

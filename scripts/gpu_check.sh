@@ -119,6 +119,9 @@ run bench_fusion_cuda bench-fusion-cuda 60 "$OUT/bench.jsonl" "$OUT/bench.err" "
 run train_digits train-digits-cuda 60 "$OUT/train_digits_cuda.log" "$OUT/train_digits_cuda.log" \
   "$BUILD/examples/train_digits" --data-dir data
 # The same binary on the CPU backend: no visible device, and no device required for this run.
+# Issue 11: 4 epochs + --resume to 10 end bit for bit where 10 epochs in one go end, on the GPU.
+run train_digits resume-cuda 60 "$OUT/resume_cuda.log" "$OUT/resume_cuda.log" \
+  bash scripts/resume_check.sh --bin "$BUILD/examples/train_digits" --data-dir data
 run train_digits train-digits-cpu 60 "$OUT/train_digits_cpu.log" "$OUT/train_digits_cpu.log" \
   env CUDA_VISIBLE_DEVICES= KILN_REQUIRE_DEVICE=0 "$BUILD/examples/train_digits" --data-dir data
 # Issue 10: the convnets on the GPU (cuDNN) and the CNN on the CPU for comparison; ResNet-9's

@@ -14,6 +14,7 @@
 #include "kiln/nn/batchnorm.hpp"
 #include "kiln/nn/conv.hpp"
 #include "kiln/nn/dropout.hpp"
+#include "kiln/nn/freeze.hpp"
 #include "kiln/nn/layernorm.hpp"
 #include "kiln/nn/linear.hpp"
 #include "kiln/nn/loss.hpp"

@@ -48,6 +48,9 @@ struct VarNode {
   // Set when a backward() ran and released grad_fn: a later backward() through this variable
   // would miss the gradients of everything before it, so it throws instead.
   bool graph_freed = false;
+  // Set once parameter_of handed the gradient buffer's address to an optimizer table: freezing
+  // then keeps the buffer (nn/freeze.hpp), which that table may still touch.
+  bool grad_shared = false;
   std::shared_ptr<GradFn> grad_fn;  // null for leaves (parameters, inputs) and freed results
   std::size_t consumers = 0;        // live backward steps that list this variable as an input
   // Set by the op that produced this variable when it can run the first step of its own backward

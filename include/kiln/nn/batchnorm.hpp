@@ -147,8 +147,11 @@ class BatchNorm2d {
     constexpr bool act = applies_activation<Act>();
     // A device runs the statistics and the normalisation as two kernels forward, and the sums and
     // dx as two backward (the CPU: one pass each way).
+    // The backward's sums serve dx as well, so only a layer with nothing to differentiate (frozen,
+    // its input needing no gradient) saves them.
     const index_t dev = c.device ? 1 : 0, dx = c.device && c.input_grad ? 1 : 0;
-    return {1 + dev + index_t(act && c.eager), 1 + dx + index_t(act && c.eager)};
+    const bool any = c.input_grad || c.weight_grad || c.bias_grad;
+    return {1 + dev + index_t(act && c.eager), any ? 1 + dx + index_t(act && c.eager) : 0};
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   static constexpr index_t parameter_tensors = 2;

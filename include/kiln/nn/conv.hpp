@@ -346,12 +346,16 @@ class Conv2d {
     // force_eager runs the activation as its own kernel each way instead of in the epilogue. A
     // device runs the bias and the activation as one kernel after the library's convolution, and
     // the bias gradient as a reduction of its own.
+    // Frozen (c.weight_grad / c.bias_grad false): the filter's and the bias's gradients are left
+    // out, and the whole backward when no gradient is due.
     const index_t dx = c.input_grad ? 1 : 0;
+    const bool dw = c.weight_grad, db = Bias && c.bias_grad, any = c.input_grad || dw || db;
     if (c.device) {
       const bool epilogue = Bias || (act && !c.eager);
-      return {1 + index_t(epilogue) + index_t(act && c.eager), index_t(act) + 1 + index_t(Bias) + dx};
+      return {1 + index_t(epilogue) + index_t(act && c.eager),
+              any ? index_t(act) + index_t(dw) + index_t(db) + dx : 0};
     }
-    return {1 + index_t(act && c.eager), index_t(act) + 1 + dx};
+    return {1 + index_t(act && c.eager), any ? index_t(act) + index_t(dw || db) + dx : 0};
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   static constexpr index_t parameter_tensors = Bias ? 2 : 1;

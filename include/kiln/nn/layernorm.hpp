@@ -274,9 +274,11 @@ class LayerNorm {
   const ag::Var<T, Space, N>& bias() const { return bias_; }
   double eps() const { return eps_; }
   static std::string describe() { return "LayerNorm<" + std::to_string(N) + ">"; }
-  // One row kernel forward; backward one row kernel for dx and one column kernel for the affine
-  // gradients.
-  static constexpr Launches launches(const LaunchContext& c) { return {1, (c.input_grad ? 1 : 0) + 1}; }
+  // One row kernel forward; backward one row kernel for dx when the input needs it and one column
+  // kernel for the affine gradients unless both are frozen (nn/freeze.hpp).
+  static constexpr Launches launches(const LaunchContext& c) {
+    return {1, index_t(c.input_grad) + index_t(c.weight_grad || c.bias_grad)};
+  }
   static constexpr index_t parameter_tensors = 2;
 
  private:

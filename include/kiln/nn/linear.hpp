@@ -102,12 +102,22 @@ class Linear {
   // gradient GEMM when the input needs one, and ONE dact kernel unless the next GEMM took it.
   // force_eager: GEMM, bias and activation one kernel each; backward the activation's kernel,
   // the bias's (a pass and a column reduction), and the GEMMs.
+  // Frozen (c.weight_grad / c.bias_grad false): no weight-gradient GEMM; a trainable bias of a
+  // plain Linear then takes a column reduction of its own; nothing at all when no gradient is due.
   template <class Act = void>
   static constexpr Launches launches_fused(const LaunchContext& c) {
     constexpr bool act = applies_activation<Act>();
+    const bool dw = c.weight_grad, db = Bias && c.bias_grad;
     const index_t dx = c.input_grad ? 1 : 0;
-    if (c.eager) return {1 + index_t(Bias) + index_t(act), index_t(act) + (Bias ? 2 : 0) + 1 + dx};
-    return {1, index_t(act && !c.folded) + 1 + dx};
+    if (c.eager) {
+      if (!(c.input_grad || dw || db)) return {1 + index_t(Bias) + index_t(act), 0};
+      // The bias node: a pass for the GEMM's output gradient when it needs one, a column reduction
+      // for the bias's.
+      return {1 + index_t(Bias) + index_t(act),
+              index_t(act) + (Bias ? index_t(c.input_grad || dw) + index_t(db) : 0) + index_t(dw) + dx};
+    }
+    if (!(c.input_grad || dw || db)) return {1, 0};
+    return {1, index_t(act && !c.folded) + index_t(dw) + index_t(db && !dw && !act) + dx};
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   // Parameter tensors (weight, and bias when it has one).

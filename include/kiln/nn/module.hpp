@@ -64,6 +64,7 @@ template <class T, class S, index_t... D>
 Parameter<T> parameter_of(const ag::Var<T, S, D...>& v) {
   auto& d = *v.data();
   T* g = d.ensure_grad();
+  d.grad_shared = true;
   if (!d.grad_valid) space_ops<S>::zero(g, d.value.size());
   return {d.value.data(), g, d.value.size(), &d};
 }
@@ -80,6 +81,10 @@ struct LaunchContext {
   bool training = true;     // train mode (dropout draws masks)
   bool input_grad = false;  // the layer's input needs a gradient (an earlier layer has parameters)
   bool folded = false;      // a following GEMM takes this layer's activation backward (ag::linear's fold)
+  // Whether the layer's own first parameter tensor (its weight) and second (its bias) need
+  // gradients: false for a frozen one (nn/freeze.hpp), whose gradient kernel then does not run.
+  bool weight_grad = true;
+  bool bias_grad = true;
 };
 struct Launches {
   index_t forward = 0;
@@ -96,6 +101,55 @@ template <class L>
 concept counts_launches = requires(const LaunchContext& c) {
   { L::launches(c) } -> std::same_as<Launches>;
 };
+
+// Which of a layer's parameters need gradients now: any of them, its first (weight) and its
+// second (bias). nn/freeze.hpp clears them; a layer without parameters has none.
+struct ParamGrads {
+  bool any = false, weight = false, bias = false;
+};
+namespace detail {
+struct IgnoreParameter {
+  template <class V>
+  void operator()(const V&) const {}
+};
+}  // namespace detail
+// A layer or model with parameters (for_each_parameter).
+template <class L>
+concept has_parameters = requires(const L& l) { l.for_each_parameter(detail::IgnoreParameter{}); };
+template <class L>
+ParamGrads param_grads_of(const L& layer) {
+  ParamGrads g;
+  if constexpr (has_parameters<L>) {
+    int k = 0;
+    layer.for_each_parameter([&](const auto& v) {
+      const bool r = v.requires_grad();
+      g.any = g.any || r;
+      if (k == 0) g.weight = r;
+      if (k == 1) g.bias = r;
+      ++k;
+    });
+  }
+  return g;
+}
+// A composite layer (Sequential, Residual) that counts its parts' launches for their
+// requires_grad flags now.
+template <class L>
+concept counts_launches_now = requires(const L& l, const LaunchContext& c) {
+  { l.launches_now(c) } -> std::same_as<Launches>;
+};
+// A layer's launches as its parameters' requires_grad flags now make them; L::launches(c)
+// assumes every parameter trainable.
+template <class L>
+Launches launches_now_of(const L& layer, LaunchContext c) {
+  if constexpr (counts_launches_now<L>) {
+    return layer.launches_now(c);
+  } else {
+    const ParamGrads g = param_grads_of(layer);
+    c.weight_grad = g.weight;
+    c.bias_grad = g.bias;
+    return L::launches(c);
+  }
+}
 
 // ---- layer traits ----------------------------------------------------------------------------
 // A layer's first size (what its input's last dimension must be) and its output size; `dyn`

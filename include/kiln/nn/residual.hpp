@@ -95,6 +95,14 @@ class Residual {
     l += Launches{1, 1};
     return l;
   }
+  // The same for the parameters' requires_grad flags now (a frozen block: nn/freeze.hpp).
+  Launches launches_now(const LaunchContext& c) const {
+    Launches l = launches_now_of(body_, c);
+    l += launches_now_of(shortcut_, c);
+    const bool any = c.input_grad || param_grads_of(body_).any || param_grads_of(shortcut_).any;
+    l += Launches{1, any ? 1 : 0};
+    return l;
+  }
   static constexpr index_t parameter_tensors =
       detail::parameter_tensors_of<Body>() + detail::parameter_tensors_of<SC>();
 

@@ -185,21 +185,35 @@ class Sequential {
 
   static constexpr std::array<index_t, N> tensors_{detail::parameter_tensors_of<Layers>()...};
   static constexpr std::array<bool, N> takes_fold_{detail::takes_fold_of<Layers>()...};
+  using Grads = std::array<ParamGrads, N>;
+  // Every layer with parameters trainable: what the compile-time count assumes.
+  static constexpr Grads all_trainable_ = [] {
+    Grads g{};
+    for (std::size_t i = 0; i < N; ++i) g[i] = {tensors_[i] > 0, true, true};
+    return g;
+  }();
   // Whether layer i's input needs a gradient: the model's input does, or an earlier layer has
-  // parameters.
-  static constexpr bool input_grad(std::size_t i, bool model_input_grad) {
+  // trainable parameters.
+  static constexpr bool input_grad(std::size_t i, bool model_input_grad, const Grads& g) {
     for (std::size_t j = 0; j < i; ++j)
-      if (tensors_[j] > 0) return true;
+      if (g[j].any) return true;
     return model_input_grad;
   }
+  // Layer I's launches in context base, its parameters' flags in g; `self` (null at compile time)
+  // lets a nested model count its own frozen parts.
   template <std::size_t I>
-  static constexpr Launches layer_launches(LaunchContext base) {
+  static constexpr Launches layer_launches(LaunchContext base, const Grads& g, const Sequential* self) {
     using L = std::tuple_element_t<I, std::tuple<Layers...>>;
     LaunchContext c = base;
-    c.input_grad = input_grad(I, base.input_grad);
+    c.input_grad = input_grad(I, base.input_grad, g);
     c.folded = false;
+    c.weight_grad = g[I].weight;
+    c.bias_grad = g[I].bias;
     if constexpr (I > 0 && fuses_next(I - 1)) {
       return {};  // counted with the Linear whose epilogue runs it
+    } else if constexpr (counts_launches_now<L>) {
+      if (self != nullptr) return std::get<I>(self->layers_).launches_now(c);
+      return L::launches(c);
     } else if constexpr (fuses_next(I)) {
       // The activation's backward rides the GEMM that computes the gradient of its output: the
       // next layer's input-gradient GEMM (ag::linear's fold), when there is one.
@@ -213,9 +227,10 @@ class Sequential {
     }
   }
   template <std::size_t... I>
-  static constexpr Launches launches_impl(LaunchContext c, std::index_sequence<I...>) {
+  static constexpr Launches launches_impl(LaunchContext c, const Grads& g, const Sequential* self,
+                                          std::index_sequence<I...>) {
     Launches total{};
-    ((total += layer_launches<I>(c)), ...);
+    ((total += layer_launches<I>(c, g, self)), ...);
     return total;
   }
 
@@ -280,11 +295,14 @@ class Sequential {
     std::apply([&](const auto&... l) { (visit(l, f), ...); }, layers_);
   }
 
-  // Every parameter as (value, grad, size, node), gradient buffers allocated; for optimizers.
+  // Every trainable parameter as (value, grad, size, node), gradient buffers allocated; for
+  // optimizers. A frozen one (requires_grad false, nn/freeze.hpp) is left out and gets no buffer.
   // The pointers are in `space` (device pointers for a model on kiln::cuda).
   auto parameters() const {
     std::vector<Parameter<value_type>> out;
-    for_each_parameter([&](const auto& v) { out.push_back(parameter_of(v)); });
+    for_each_parameter([&](const auto& v) {
+      if (v.requires_grad()) out.push_back(parameter_of(v));
+    });
     return out;
   }
 
@@ -293,7 +311,9 @@ class Sequential {
   // (kiln/optim/cuda_step.cuh) takes; the host optimizers need a host model. Each slot points at
   // its variable's grad_valid flag (host memory in every space), so a parameter the last backward
   // did not reach is skipped by the optimizers and clipping, and an optimizer's zero_grad sets
-  // it to none. Tables of several models concatenate: a.param_table() + b.param_table().
+  // it to none. Tables of several models concatenate: a.param_table() + b.param_table(). Frozen
+  // parameters are not in it (freeze before building the optimizer, as PyTorch users pass only
+  // the trainable ones).
   // requires: the model outlives the table and every optimizer built from it, and its parameters
   //   keep their shapes (the table holds pointers to their values, gradients and flags).
   optim::ParamTable param_table() const
@@ -342,12 +362,32 @@ class Sequential {
     static_assert(counts_launches,
                   "kiln::nn::Sequential::launches: a layer does not say what it launches (give it "
                   "`static constexpr nn::Launches launches(const nn::LaunchContext&)`, see kiln/nn/module.hpp)");
-    return launches_impl(c, std::index_sequence_for<Layers...>{});
+    return launches_impl(c, all_trainable_, nullptr, std::index_sequence_for<Layers...>{});
+  }
+  // The same count for the parameters' requires_grad flags now: a frozen layer (nn/freeze.hpp)
+  // launches no weight-gradient kernel, and nothing runs backward below the lowest trainable one.
+  Launches launches_now(const LaunchContext& c) const {
+    static_assert(counts_launches, "kiln::nn::Sequential::launches_now: a layer does not say what it launches");
+    Grads g{};
+    std::size_t i = 0;
+    std::apply([&](const auto&... l) { ((g[i++] = param_grads_of(l)), ...); }, layers_);
+    return launches_impl(c, g, this, std::index_sequence_for<Layers...>{});
   }
 
   index_t parameter_count() const {
     index_t n = 0;
     for_each_parameter([&](const auto& v) { n += v.value().size(); });
+    return n;
+  }
+  // Values and tensors an optimizer updates: those of parameters not frozen.
+  index_t trainable_parameter_count() const {
+    index_t n = 0;
+    for_each_parameter([&](const auto& v) { n += v.requires_grad() ? v.value().size() : 0; });
+    return n;
+  }
+  index_t trainable_parameter_tensors() const {
+    index_t n = 0;
+    for_each_parameter([&](const auto& v) { n += v.requires_grad() ? 1 : 0; });
     return n;
   }
 
@@ -378,7 +418,9 @@ class Sequential {
       if (i > 0 && (count.size() - i) % 3 == 0) grouped += ',';
       grouped += count[i];
     }
-    return out + " (" + grouped + " parameters)";
+    const index_t trainable = trainable_parameter_count();
+    if (trainable == parameter_count()) return out + " (" + grouped + " parameters)";
+    return out + " (" + grouped + " parameters, " + std::to_string(trainable) + " trainable)";
   }
 
   // As a layer of an enclosing model: its layers in brackets, e.g. "[Conv2d<3, 8, 3> -> ReLU]".

@@ -52,4 +52,19 @@ constexpr index_t launches_per_step(const typename Optimizer::Options& options, 
          (Policy::precision::mixed ? Model::low_copies : 0);  // the weights' low copies, refreshed
 }
 
+// The same count for the model's requires_grad flags now (frozen layers, nn/freeze.hpp): its
+// launches_now, and the optimizer over the trainable parameter tensors only. Equal to
+// launches_per_step when nothing is frozen.
+template <class Model, class Optimizer, class Policy = kiln::policy<>, class Loss = CrossEntropy,
+          class Space = typename Model::space>
+index_t launches_per_step_now(const Model& model, const typename Optimizer::Options& options,
+                              index_t accumulate = Policy::accumulate) {
+  constexpr bool eager = std::is_same_v<typename Policy::stance, stance::force_eager>;
+  constexpr nn::LaunchContext c = step_context<Policy, Space>();
+  const index_t micro = model.launches_now(c).total() + Loss::launches(c).total() + 1 + (Policy::precision::mixed ? 1 : 0);
+  return accumulate * micro + Optimizer::launches(eager, options, model.trainable_parameter_tensors()) +
+         GradScaler<Space>::launches_per_step(Policy::loss_scaling::on) +
+         (Policy::precision::mixed ? Model::low_copies : 0);
+}
+
 }  // namespace kiln::train

@@ -260,11 +260,16 @@ class Step {
   // optimizer's options (kiln/train/launches.hpp).
   // -1 when the model's launches are not known at compile time (a layer that does not say them,
   // e.g. an opaque function without a launches()).
+  // With frozen layers (nn/freeze.hpp) the count follows the parameters' flags now.
   index_t predicted_launches() const {
-    if constexpr (Model::counts_launches)
-      return launches_per_step<Model, Optimizer, Policy, Loss, space>(opt_->options(), accumulate_);
-    else
+    if constexpr (Model::counts_launches) {
+      if constexpr (requires { model_->launches_now(nn::LaunchContext{}); })
+        return launches_per_step_now<Model, Optimizer, Policy, Loss, space>(*model_, opt_->options(), accumulate_);
+      else
+        return launches_per_step<Model, Optimizer, Policy, Loss, space>(opt_->options(), accumulate_);
+    } else {
       return -1;
+    }
   }
 
   Model& model() const { return *model_; }
