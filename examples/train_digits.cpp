@@ -139,6 +139,7 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
     } else {
       std::printf("nothing to resume in %s: starting from scratch\n", o.checkpoint_dir.c_str());
     }
+    std::fflush(stdout);  // said now: a run killed later (scripts/kill_test.sh) still reports it
   }
   KILN_CHECK(at.epoch <= o.epochs, kiln::ValueError, "the checkpoint has run ", at.epoch, " epochs and ", at.batch,
              " batches, more than --epochs ", o.epochs);

@@ -49,10 +49,10 @@ const char* reference_file_hex =
 
 // A file with a header we write by hand, for the damaged-header cases.
 Bytes with_header(const std::string& header, const Bytes& data) {
-  Bytes out(8);
+  Bytes out(8 + header.size() + data.size());
   for (int i = 0; i < 8; ++i) out[std::size_t(i)] = std::uint8_t(std::uint64_t(header.size()) >> (8 * i));
-  out.insert(out.end(), header.begin(), header.end());
-  out.insert(out.end(), data.begin(), data.end());
+  std::memcpy(out.data() + 8, header.data(), header.size());
+  if (!data.empty()) std::memcpy(out.data() + 8 + header.size(), data.data(), data.size());
   return out;
 }
 

@@ -34,6 +34,19 @@ inline std::string base_name_of(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// Writes all n bytes to fd, resuming after signals and short writes.
+// returns: 0, or the errno of the failure (ENOSPC for a write that made no progress).
+inline int write_all(int fd, const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t done = 0; done < n;) {
+    const ::ssize_t w = ::write(fd, p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return w < 0 ? errno : ENOSPC;
+    done += std::size_t(w);
+  }
+  return 0;
+}
+
 // Closes a descriptor on every way out.
 struct Fd {
   int fd = -1;
@@ -66,13 +79,7 @@ inline void write_file_atomically(const std::string& path, std::span<const unsig
       throw DataError(::kiln::detail::concat("cannot write ", path, ": creating ", tmp, " failed: ",
                                              detail::errno_text(e)));
     }
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      const ::ssize_t w = ::write(f.fd, bytes.data() + done, bytes.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail("writing", w < 0 ? errno : ENOSPC);
-      done += std::size_t(w);
-    }
+    if (const int e = detail::write_all(f.fd, bytes.data(), bytes.size()); e != 0) fail("writing", e);
     if (::fsync(f.fd) != 0) fail("fsync", errno);
     const int fd = f.fd;
     f.fd = -1;

@@ -63,13 +63,8 @@ class ScalarCsv {
     }
     text += "\n";
     // One write(2) per row: a killed run leaves whole rows.
-    std::size_t done = 0;
-    while (done < text.size()) {
-      const ::ssize_t w = ::write(fd_, text.data() + done, text.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      KILN_CHECK(w > 0, DataError, "cannot append to ", path_, ": ", w < 0 ? std::strerror(errno) : "no space left");
-      done += std::size_t(w);
-    }
+    const int e = detail::write_all(fd_, text.data(), text.size());
+    KILN_CHECK(e == 0, DataError, "cannot append to ", path_, ": ", std::strerror(e));
   }
 
  private:

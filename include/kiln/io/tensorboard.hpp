@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "kiln/core/error.hpp"
+#include "kiln/io/atomic_file.hpp"
 #include "kiln/io/tfrecord.hpp"
 
 namespace kiln::io {
@@ -212,14 +213,8 @@ class EventWriter {
   void append(std::string_view event) {
     std::string record;
     append_tfrecord(record, event);
-    std::size_t done = 0;
-    while (done < record.size()) {
-      const ::ssize_t w = ::write(fd_, record.data() + done, record.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      KILN_CHECK(w > 0, DataError, "cannot append to event file ", path_, ": ",
-                 w < 0 ? std::strerror(errno) : "no space left");
-      done += std::size_t(w);
-    }
+    const int e = detail::write_all(fd_, record.data(), record.size());
+    KILN_CHECK(e == 0, DataError, "cannot append to event file ", path_, ": ", std::strerror(e));
   }
 
   std::string path_;
