@@ -6,21 +6,29 @@
 //   flags.add("--epochs", o.epochs).add("--lr", o.lr).add("--data-dir", o.data_dir);
 //   flags.parse(argc, argv, "usage: train_x [--epochs N] [--lr X] [--data-dir DIR]\n");
 //
-// An unknown option, a missing or malformed value is a kiln::ValueError naming the option.
+// An unknown option, a missing or malformed value, or one out of its bound is a kiln::ValueError
+// naming the option and the value (`option --epochs: "abc" is not an integer (see --help)`).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <type_traits>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "kiln/core/error.hpp"
 
 namespace kiln_example {
+
+// What a numeric option accepts besides being a number.
+enum class Bound { any, positive, non_negative };
+inline constexpr Bound positive = Bound::positive;
+inline constexpr Bound non_negative = Bound::non_negative;
 
 class Flags {
  public:
@@ -30,25 +38,41 @@ class Flags {
     return *this;
   }
 
-  // Binds --name to field: int, long long / index_t, std::uint64_t, double or std::string.
+  // Binds --name to field: int, long long / index_t, std::uint64_t, double or std::string. With
+  // `bound` = positive / non_negative the value must be > 0 / >= 0; doubles must be finite.
   template <class T>
-  Flags& add(std::string name, T& field) {
-    flags_.emplace_back(std::move(name), [&field](const std::string& v) {
+  Flags& add(std::string name, T& field, Bound bound = Bound::any) {
+    flags_.emplace_back(std::move(name), [&field, bound](const std::string& v) -> std::string {
       std::size_t used = 0;
       if constexpr (std::is_same_v<T, std::string>) {
         field = v;
-        used = v.size();
-      } else if constexpr (std::is_same_v<T, double>) {
-        field = std::stod(v, &used);
-      } else if constexpr (std::is_same_v<T, std::uint64_t>) {
-        field = std::stoull(v, &used);
-      } else if constexpr (std::is_same_v<T, int>) {
-        field = std::stoi(v, &used);
+        return {};
       } else {
-        static_assert(std::is_integral_v<T>, "kiln_example::Flags: a flag binds an integer, double or string");
-        field = T(std::stoll(v, &used));
+        static_assert(std::is_arithmetic_v<T>, "kiln_example::Flags: a flag binds an integer, double or string");
+        T parsed{};
+        try {
+          if constexpr (std::is_same_v<T, double>) {
+            parsed = std::stod(v, &used);
+            if (!std::isfinite(parsed)) return "is not a finite number";
+          } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+            if (!v.empty() && v[0] == '-') return "is negative; it must be >= 0";  // stoull would wrap it
+            parsed = std::stoull(v, &used);
+          } else if constexpr (std::is_same_v<T, int>) {
+            parsed = std::stoi(v, &used);
+          } else {
+            parsed = T(std::stoll(v, &used));
+          }
+        } catch (const std::out_of_range&) {
+          return "is out of range";
+        } catch (const std::exception&) {
+          return std::is_same_v<T, double> ? "is not a number" : "is not an integer";
+        }
+        if (used != v.size()) return std::is_same_v<T, double> ? "is not a number" : "is not an integer";
+        if (bound == Bound::positive && !(parsed > 0)) return "must be positive";
+        if (bound == Bound::non_negative && !(parsed >= 0)) return "must be >= 0";
+        field = parsed;
+        return {};
       }
-      return used == v.size();
     });
     return *this;
   }
@@ -65,22 +89,20 @@ class Flags {
         *on = true;
         continue;
       }
+      const auto* flag = find(a);
+      const bool dashed = a.rfind("-", 0) == 0;
+      KILN_CHECK(flag != nullptr, kiln::ValueError,
+                 dashed ? "unknown option " + a : "unexpected argument \"" + a + "\" (options are --name value)",
+                 " (see --help)");
       KILN_CHECK(i + 1 < argc, kiln::ValueError, "option ", a, " needs a value (see --help)");
       const std::string v = argv[++i];
-      const auto* flag = find(a);
-      KILN_CHECK(flag != nullptr, kiln::ValueError, "unknown option ", a, " (see --help)");
-      bool ok = false;
-      try {
-        ok = flag->second(v);
-      } catch (const std::exception&) {
-        ok = false;  // std::stoi and friends: not a number, or out of range
-      }
-      KILN_CHECK(ok, kiln::ValueError, "option ", a, ": cannot read \"", v, "\" as its value (see --help)");
+      const std::string problem = flag->second(v);
+      KILN_CHECK(problem.empty(), kiln::ValueError, "option ", a, ": \"", v, "\" ", problem, " (see --help)");
     }
   }
 
  private:
-  using Entry = std::pair<std::string, std::function<bool(const std::string&)>>;
+  using Entry = std::pair<std::string, std::function<std::string(const std::string&)>>;
   const Entry* find(const std::string& name) const {
     for (const auto& f : flags_)
       if (f.first == name) return &f;

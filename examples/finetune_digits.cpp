@@ -40,8 +40,10 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   kiln_example::Flags flags;
-  flags.add("--epochs", o.epochs).add("--pretrain-epochs", o.pretrain_epochs).add("--threads", o.threads);
-  flags.add("--batch", o.batch).add("--lr", o.lr).add("--data-dir", o.data_dir).add("--checkpoint", o.checkpoint);
+  using kiln_example::positive;
+  flags.add("--epochs", o.epochs, kiln_example::non_negative).add("--pretrain-epochs", o.pretrain_epochs, positive);
+  flags.add("--threads", o.threads, positive).add("--batch", o.batch, positive).add("--lr", o.lr, positive);
+  flags.add("--data-dir", o.data_dir).add("--checkpoint", o.checkpoint);
   flags.add("--pretrain-digits", o.pretrain_digits).add("--digits", o.digits).add("--work-dir", o.work_dir);
   flags.add("--seed", o.seed);
   flags.parse(argc, argv,

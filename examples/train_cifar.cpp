@@ -47,12 +47,12 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   kiln_example::Flags flags;
-  flags.add("--epochs", o.epochs);
-  flags.add("--batch", o.batch);
-  flags.add("--lr", o.lr);
-  flags.add("--synthetic-images", o.synthetic_images);
+  flags.add("--epochs", o.epochs, kiln_example::positive);
+  flags.add("--batch", o.batch, kiln_example::positive);
+  flags.add("--lr", o.lr, kiln_example::positive);
+  flags.add("--synthetic-images", o.synthetic_images, kiln_example::positive);
   flags.add("--seed", o.seed);
-  flags.add("--threads", o.threads);
+  flags.add("--threads", o.threads, kiln_example::positive);
   flags.add("--data-dir", o.data_dir);
   flags.add("--layout", o.layout);
   flags.parse(argc, argv,

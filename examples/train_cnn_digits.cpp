@@ -41,19 +41,19 @@ struct Options {
 Options parse(int argc, char** argv) {
   Options o;
   kiln_example::Flags flags;
-  flags.add("--epochs", o.epochs);
-  flags.add("--batch", o.batch);
-  flags.add("--accumulate", o.accumulate);
-  flags.add("--lr", o.lr);
+  flags.add("--epochs", o.epochs, kiln_example::positive);
+  flags.add("--batch", o.batch, kiln_example::positive);
+  flags.add("--accumulate", o.accumulate, kiln_example::positive);
+  flags.add("--lr", o.lr, kiln_example::positive);
   flags.add("--lr-scaling", o.lr_scaling);
   flags.add("--schedule", o.schedule);
-  flags.add("--crop-pad", o.crop_pad);
-  flags.add("--label-smoothing", o.label_smoothing);
+  flags.add("--crop-pad", o.crop_pad, kiln_example::non_negative);
+  flags.add("--label-smoothing", o.label_smoothing, kiln_example::non_negative);
   flags.add("--precision", o.precision);
   flags.add("--stance", o.stance);
   flags.add("--layout", o.layout);
   flags.add("--seed", o.seed);
-  flags.add("--threads", o.threads);
+  flags.add("--threads", o.threads, kiln_example::positive);
   flags.add("--data-dir", o.data_dir);
   flags.parse(argc, argv,
               "usage: train_cnn_digits [--epochs N] [--batch N] [--accumulate N] [--lr X] [--lr-scaling "

@@ -24,6 +24,7 @@
 #include "kiln/io/training_log.hpp"
 #include "kiln/train.hpp"
 #include "kiln/train/checkpoint_dir.hpp"
+#include "kiln/train/memory_plan.hpp"
 #if KILN_CUDA_COMPILER
 #include "kiln/train.cuh"
 #endif
@@ -43,41 +44,45 @@ struct Options {
   double lr = 1e-3;
   std::string lr_scaling = "sqrt", precision = "fp32", stance = "fused", data_dir = "data", digits = "all";
   std::string checkpoint_dir, log_dir;
-  bool resume = false, verify_checkpoints = false;
+  bool resume = false, verify_checkpoints = false, plan = false;
+  double memory_budget_mib = 0;  // --plan's budget; 0: free memory less a margin
   std::uint64_t seed = 0;
 };
 
 Options parse(int argc, char** argv) {
   Options o;
   kiln_example::Flags flags;
-  flags.add("--epochs", o.epochs);
-  flags.add("--batch", o.batch);
-  flags.add("--accumulate", o.accumulate);
-  flags.add("--lr", o.lr);
+  flags.add("--epochs", o.epochs, kiln_example::positive);
+  flags.add("--batch", o.batch, kiln_example::positive);
+  flags.add("--accumulate", o.accumulate, kiln_example::positive);
+  flags.add("--lr", o.lr, kiln_example::positive);
   flags.add("--lr-scaling", o.lr_scaling);
   flags.add("--precision", o.precision);
   flags.add("--stance", o.stance);
   flags.add("--seed", o.seed);
-  flags.add("--threads", o.threads);
+  flags.add("--threads", o.threads, kiln_example::positive);
   flags.add("--data-dir", o.data_dir);
   flags.add("--digits", o.digits);
   flags.add("--checkpoint-dir", o.checkpoint_dir);
-  flags.add("--checkpoint-every", o.checkpoint_every);
-  flags.add("--keep", o.keep);
+  flags.add("--checkpoint-every", o.checkpoint_every, kiln_example::non_negative);
+  flags.add("--keep", o.keep, kiln_example::positive);
   flags.add("--resume", o.resume);
   flags.add("--verify-checkpoints", o.verify_checkpoints);
   flags.add("--log-dir", o.log_dir);
+  flags.add("--plan", o.plan);
+  flags.add("--memory-budget", o.memory_budget_mib, kiln_example::positive);
   flags.parse(argc, argv,
               "usage: train_digits [--epochs N] [--batch N] [--accumulate N] [--lr X] [--lr-scaling none|linear|"
               "sqrt] [--precision fp32|tf32|bf16_mixed|fp16_mixed] [--stance fused|force_eager] [--seed N] "
               "[--threads N] [--data-dir DIR] [--digits 0-9] [--checkpoint-dir DIR] [--checkpoint-every N] "
-              "[--keep K] [--resume] [--verify-checkpoints] [--log-dir DIR]\n"
+              "[--keep K] [--resume] [--verify-checkpoints] [--log-dir DIR] [--plan] [--memory-budget MIB]\n"
               "Trains an MLP 400-256-128-10 (ReLU, AdamW) on digits20 (--digits: only those classes). --lr is "
               "tuned for an effective batch of 64; --lr-scaling carries it to batch x accumulate.\n"
               "--checkpoint-dir: save there every --checkpoint-every optimizer steps (0: only at the end), keeping "
               "the last --keep; --resume continues from the newest valid checkpoint until --epochs epochs in all "
               "have run. --verify-checkpoints: load every checkpoint in --checkpoint-dir, report, exit. --log-dir: "
-              "TensorBoard event files and scalars.csv.\n");
+              "TensorBoard event files and scalars.csv. --plan: print the memory a step takes at --batch and the largest "
+              "batch that fits --memory-budget MiB (default: free memory less a margin), and exit.\n");
   KILN_CHECK(o.epochs > 0 && o.batch > 0 && o.accumulate > 0 && o.lr > 0 && o.threads > 0, kiln::ValueError,
              "--epochs, --batch, --accumulate, --lr and --threads must be positive");
   KILN_CHECK(o.checkpoint_every >= 0 && o.keep >= 1, kiln::ValueError,
@@ -111,6 +116,31 @@ int verify_checkpoints(const Options& o, StepT& step) {
   return invalid == 0 && valid > 0 ? 0 : 1;
 }
 
+// --plan: the memory plan (kiln/train/memory_plan.hpp) at --batch, and the largest batch that
+// fits the budget: --memory-budget, or the device's free memory (the host's available memory)
+// less a margin of 10%.
+template <class Space, class Policy, class M, class Opt>
+int print_plan(const Options& o, const M& model, const Opt& opt) {
+  const auto plan = kiln::train::plan_memory<Opt, Policy>(model, opt.options(), o.threads);
+  std::size_t budget = std::size_t(o.memory_budget_mib * 1048576.0);
+  const char* source = "--memory-budget";
+  if (budget == 0) {
+    budget = kiln::train::host_memory_budget();
+    source = "available host memory less 10%";
+#if KILN_CUDA_COMPILER
+    if constexpr (!std::is_same_v<Space, kiln::host>) {
+      std::size_t free_bytes = 0, total = 0;
+      KILN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+      budget = free_bytes / 10 * 9;
+      source = "free device memory less 10%";
+    }
+#endif
+  }
+  std::printf("memory plan (%s, batch %lld per micro-batch; budget: %s)\n%s", Policy::precision::name,
+              (long long)o.batch, source, plan.str(o.batch, budget).c_str());
+  return 0;
+}
+
 template <class Space, class Policy>
 int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::data::Dataset& test_set) {
   auto exec = kiln::make_executor<Space>(o.threads);
@@ -118,6 +148,7 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
   const index_t effective = o.batch * o.accumulate;
   const double lr = kiln::optim::scale_lr(kiln::optim::batch_scaling(o.lr_scaling), o.lr, base_batch, effective);
   kiln::optim::AdamW opt(model, {.lr = lr});
+  if (o.plan) return print_plan<Space, Policy>(o, model, opt);
   kiln::train::Step step(model, opt, exec, Policy{}, {}, {.accumulate = o.accumulate});
   if (o.verify_checkpoints) return verify_checkpoints(o, step);
   kiln::data::BatchLoader<Space> loader(train_set, {.batch_size = o.batch, .seed = o.seed}, exec);
@@ -223,15 +254,18 @@ int run(const Options& o, const kiln::data::Dataset& tr, const kiln::data::Datas
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  // --verify-checkpoints reads no data: it only loads checkpoints into a model.
-  auto data = o.verify_checkpoints ? kiln_example::DigitsData{} : kiln_example::load_digits(o.data_dir);
+  // --verify-checkpoints and --plan read no data: they only need the model.
+  auto data = o.verify_checkpoints || o.plan ? kiln_example::DigitsData{} : kiln_example::load_digits(o.data_dir);
   const auto keep = kiln_example::parse_digits(o.digits);
   if (o.digits != "all") {
     data.train = kiln_example::only_digits(data.train, keep);
     data.test = kiln_example::only_digits(data.test, keep);
   }
-  std::printf("data: %lld train / %lld test digits (%s), %lld features; %s\n", (long long)data.train.n,
-              (long long)data.test.n, o.digits.c_str(), (long long)data.train.d, Model(o.seed).describe().c_str());
+  if (o.verify_checkpoints || o.plan)
+    std::printf("model: %s\n", Model(o.seed).describe().c_str());
+  else
+    std::printf("data: %lld train / %lld test digits (%s), %lld features; %s\n", (long long)data.train.n,
+                (long long)data.test.n, o.digits.c_str(), (long long)data.train.d, Model(o.seed).describe().c_str());
 #if KILN_CUDA_COMPILER
   if (kiln::cu::device_available()) {
     std::printf("device: CUDA (%s)\n", kiln::cu::device_name().c_str());

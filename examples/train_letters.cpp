@@ -56,10 +56,10 @@ void fit(const Options& o, const data::Dataset& train_set, const data::Dataset& 
 int main(int argc, char** argv) try {
   Options o;
   kiln_example::Flags flags;
-  flags.add("--epochs", o.epochs);
-  flags.add("--batch", o.batch);
-  flags.add("--lr", o.lr);
-  flags.add("--threads", o.threads);
+  flags.add("--epochs", o.epochs, kiln_example::positive);
+  flags.add("--batch", o.batch, kiln_example::positive);
+  flags.add("--lr", o.lr, kiln_example::positive);
+  flags.add("--threads", o.threads, kiln_example::positive);
   flags.add("--data-dir", o.data_dir);
   flags.parse(argc, argv,
               "usage: train_letters [--epochs N] [--batch N] [--lr X] [--threads N] [--data-dir DIR]\n"

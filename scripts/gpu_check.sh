@@ -72,11 +72,12 @@ SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer
 
 # ---- configure and build: one -j build of the needed targets ----------------------------------
 targets=(kiln_tests_cuda bench_train_step_cuda bench_policies_cuda bench_fusion_cuda bench_kernels_cuda train_digits
-         train_cnn_digits train_cifar)
+         train_cnn_digits train_cifar kiln-doctor)
 declare -A bin=([kiln_tests_cuda]=$BUILD/tests/kiln_tests_cuda [bench_train_step_cuda]=$BUILD/bench/train_step_cuda
                 [bench_policies_cuda]=$BUILD/bench/policies_cuda [bench_fusion_cuda]=$BUILD/bench/fusion_cuda
                 [bench_kernels_cuda]=$BUILD/bench/kernels_cuda [train_digits]=$BUILD/examples/train_digits
-                [train_cnn_digits]=$BUILD/examples/train_cnn_digits [train_cifar]=$BUILD/examples/train_cifar)
+                [train_cnn_digits]=$BUILD/examples/train_cnn_digits [train_cifar]=$BUILD/examples/train_cifar
+                [kiln-doctor]=$BUILD/tools/kiln-doctor)
 gen=()
 [ -f "$BUILD/CMakeCache.txt" ] || ! command -v ninja > /dev/null || gen=(-G Ninja)
 step configure 120 "$OUT/configure.log" "$OUT/configure.log" cmake -S . -B "$BUILD" "${gen[@]}" \
@@ -108,6 +109,10 @@ run() {
 }
 
 T=$BUILD/tests/kiln_tests_cuda
+# ---- issue 12: the doctor's verdict (it must name the device and pass its device checks) and the
+# memory plan on the device ----------------------------------------------------------------------
+run kiln-doctor doctor 30 "$OUT/doctor.log" "$OUT/doctor.log" "$BUILD/tools/kiln-doctor" --expect-gpu
+run train_digits plan-cuda 30 "$OUT/plan_cuda.log" "$OUT/plan_cuda.log" "$BUILD/examples/train_digits" --plan --batch 1024
 # ---- tests, benchmarks, examples --------------------------------------------------------------
 run kiln_tests_cuda cuda-tests 120 "$OUT/cuda_tests.log" "$OUT/cuda_tests.log" "$T"
 # train_step_cuda runs PyTorch's CUDA eager step itself (bench/torch_train_step.py --device cuda,
@@ -165,6 +170,8 @@ fi
 # ---- summary ---------------------------------------------------------------------------------
 {
   echo "---- results (total $SECONDS s)"
+  [ -f "$OUT/doctor.log" ] && grep -E '^(verdict|  device|  cuDNN|  cuBLASLt|  NCCL|  (ok|FAIL) )' "$OUT/doctor.log" |
+    sed "s/^/doctor: /"
   for f in cuda_tests memcheck racecheck initcheck; do
     [ -f "$OUT/$f.log" ] && grep -E '^\[doctest\] (test cases|assertions)|ERROR SUMMARY|RACECHECK SUMMARY|skipped|FAILED' \
       "$OUT/$f.log" | sed "s/^/$f: /"

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/autograd/anomaly.hpp"
 #include "kiln/autograd/var.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/core/warning.hpp"
@@ -104,6 +105,7 @@ class Tape {
   struct Step final : GradFn {
     std::function<void(Exec&)> run;
     std::string region;  // the launch-stats region it was recorded in (an opaque layer)
+    std::string label;   // anomaly mode: the layer that recorded it
   };
 
  public:
@@ -133,6 +135,7 @@ class Tape {
     step->exec_key = &detail::exec_key<Exec>;
     step->live = alive_;
     step->region = exec_->stats().region();
+    if (detect_anomaly()) step->label = detail::anomaly_label();
     ++*alive_;
     out.data()->grad_fn = std::move(step);
     out.data()->graph_freed = false;
@@ -168,12 +171,26 @@ class Tape {
         step.run(*exec_);
         exec_->stats().set_region(std::move(outer));
       }
+      if (detect_anomaly()) check_backward(step);
     }
     if (!options.retain_graph) release(steps);
     largest_graph_ = std::max(largest_graph_, steps.size());
   }
 
  private:
+  // Anomaly mode: the gradients the step just wrote into its inputs must be finite (what flowed
+  // into it was checked when its consumer ran).
+  static void check_backward(const Step& step) {
+    for (const auto& in : step.inputs) {
+      if (!in->requires_grad) continue;
+      const index_t bad = in->first_nonfinite_grad();
+      KILN_CHECK(bad < 0, NumericError, "anomaly mode: the backward of ",
+                 step.label.empty() ? std::string("an op outside any model layer") : step.label,
+                 " wrote a non-finite gradient at element ", bad, " of an input of shape ", in->shape_text(),
+                 " (the gradient it received was finite)");
+    }
+  }
+
   struct Visit {
     std::shared_ptr<VarNode> node;  // held: releasing a consumer's step may drop the last owner
     std::shared_ptr<GradFn> step;

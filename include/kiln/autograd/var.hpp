@@ -13,11 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kiln/core/error.hpp"
+#include "kiln/core/finite.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/expr/evaluator.hpp"
@@ -58,6 +60,10 @@ struct VarNode {
   // in a DRELU_BGRAD-style epilogue). Keyed by executor and value type; see autograd/fold.hpp.
   std::shared_ptr<void> fold;
   const void* fold_key = nullptr;
+  // Anomaly mode (autograd/anomaly.hpp): the index of the first NaN / infinity in the gradient
+  // (-1: none, or no valid gradient), and the variable's shape, for the report.
+  virtual index_t first_nonfinite_grad() const { return -1; }
+  virtual std::string shape_text() const { return "?"; }
   virtual ~VarNode() = default;
 };
 
@@ -83,6 +89,11 @@ struct VarData : VarNode {
     if (!(grad.shape() == value.shape())) grad.resize(value.shape());
     return grad.data();
   }
+  index_t first_nonfinite_grad() const override {
+    if (!grad_valid || !(grad.shape() == value.shape())) return -1;
+    return first_nonfinite<T, S>(grad.data(), grad.size());
+  }
+  std::string shape_text() const override { return value.shape().str(); }
 };
 
 template <class T, class S, index_t... Dims>

@@ -32,12 +32,30 @@ struct JsonValue {
   std::vector<std::pair<std::string, JsonValue>> members;  // object, in file order
 
   // The member named key of an object, or nullptr.
-  const JsonValue* find(std::string_view key) const {
-    for (const auto& [k, v] : members)
-      if (k == key) return &v;
-    return nullptr;
-  }
+  const JsonValue* find(std::string_view key) const;
+
+  // Declared here and defaulted below: clang would otherwise instantiate the members' vector of
+  // std::pair<std::string, JsonValue> inside the class, while JsonValue is still incomplete.
+  JsonValue();
+  JsonValue(const JsonValue&);
+  JsonValue(JsonValue&&) noexcept;
+  JsonValue& operator=(const JsonValue&);
+  JsonValue& operator=(JsonValue&&) noexcept;
+  ~JsonValue();
 };
+
+inline JsonValue::JsonValue() = default;
+inline JsonValue::JsonValue(const JsonValue&) = default;
+inline JsonValue::JsonValue(JsonValue&&) noexcept = default;
+inline JsonValue& JsonValue::operator=(const JsonValue&) = default;
+inline JsonValue& JsonValue::operator=(JsonValue&&) noexcept = default;
+inline JsonValue::~JsonValue() = default;
+
+inline const JsonValue* JsonValue::find(std::string_view key) const {
+  for (const auto& [k, v] : members)
+    if (k == key) return &v;
+  return nullptr;
+}
 
 inline const char* json_type_name(JsonValue::Type t) {
   switch (t) {

@@ -430,9 +430,31 @@ class Sequential {
     return "[" + out.substr(1) + "]";
   }
 
-  // Runs layer I on x (used by the forward fold).
+  // Runs layer I on x (used by the forward fold). In anomaly mode (autograd/anomaly.hpp) the
+  // layer's name labels what it records, and its output is checked.
   template <std::size_t I, class Exec, class X>
   auto run_layer(ag::Tape<Exec>& tape, const X& x) {
+    if constexpr (I > 0 && fuses_next(I - 1)) {
+      return x;  // ran inside the previous Linear
+    } else {
+      if (!ag::detect_anomaly()) return run_layer_now<I>(tape, x);
+      ag::AnomalyLabel label(layer_label<I>());
+      auto y = run_layer_now<I>(tape, x);
+      if constexpr (requires { y.value(); }) ag::check_forward(y);
+      return y;
+    }
+  }
+
+ private:
+  // "layer 2 (Linear<256, 128>+relu)": index and what runs, the fused activation included.
+  template <std::size_t I>
+  std::string layer_label() const {
+    std::string what = detail::describe_layer(std::get<I>(layers_));
+    if constexpr (fuses_next(I)) what += "+" + detail::describe_layer(std::get<I + 1>(layers_));
+    return "layer " + std::to_string(I) + " (" + what + ")";
+  }
+  template <std::size_t I, class Exec, class X>
+  auto run_layer_now(ag::Tape<Exec>& tape, const X& x) {
     if constexpr (I > 0 && fuses_next(I - 1)) {
       return x;  // this activation already ran inside the previous Linear's bias kernel
     } else if constexpr (fuses_next(I)) {
@@ -443,7 +465,6 @@ class Sequential {
     }
   }
 
- private:
   static Generator& lvalue(Generator&& g) { return g; }
 
   template <class Exec, class X, std::size_t... I>

@@ -168,13 +168,23 @@ class Step {
     } else {
       exec_->copy(input_.value().data(), features, std::size_t(rows * dim) * sizeof(float));
     }
-    auto output = model_->forward(tape_, input_);
-    ag::Var<float, space> loss = loss_fn_(tape_, output, labels);
-    exec_->copy(window_.data() + window_next_, loss.value().data(), sizeof(float));
-    window_next_ = (window_next_ + 1) % options_.loss_window;
-    if (window_used_ == options_.loss_window) ++losses_dropped_;
-    else ++window_used_;
-    tape_.backward(loss, {.seed = 1.0 / double(accumulate_), .seed_scale = scales_loss ? scaler_.scale_ptr() : nullptr});
+    ag::Var<float, space> loss = [&] {
+      try {
+        auto output = model_->forward(tape_, input_);
+        auto l = loss_fn_(tape_, output, labels);
+        exec_->copy(window_.data() + window_next_, l.value().data(), sizeof(float));
+        window_next_ = (window_next_ + 1) % options_.loss_window;
+        if (window_used_ == options_.loss_window) ++losses_dropped_;
+        else ++window_used_;
+        tape_.backward(l, {.seed = 1.0 / double(accumulate_), .seed_scale = scales_loss ? scaler_.scale_ptr() : nullptr});
+        return l;
+      } catch (const NumericError& e) {
+        if (!ag::detect_anomaly()) throw;
+        // Anomaly mode (autograd/anomaly.hpp) names the layer; this says when.
+        throw NumericError(kiln::detail::concat(e.what(), "; in optimizer step ", optimizer_steps_ + 1,
+                                                ", micro-batch ", micro_batches_ + 1));
+      }
+    }();
     ++micro_batches_;
     if (options_.after_backward) options_.after_backward(micro_batches_);
     stepped_ = micro_batches_ % accumulate_ == 0;

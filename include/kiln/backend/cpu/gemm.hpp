@@ -138,6 +138,18 @@ void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m
 }
 }  // namespace detail
 
+// The packing workspace kiln's own GEMM takes for an m x n x k product of T on `threads` threads
+// (one grow-only buffer per calling thread; the memory planner counts the largest).
+template <class T>
+std::size_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int threads = 1) {
+#if KILN_GEMM_BF16_NATIVE
+  if constexpr (std::is_same_v<T, bf16>)
+    if (current_gemm_bf16_path() == gemm_bf16_path::native)
+      return detail::gemm_workspace_bytes<detail::gemm_kernel_bf16>(m, n, k, threads);
+#endif
+  return detail::gemm_workspace_bytes<detail::gemm_kernel_fp<T, gemm_acc_t<T>>>(m, n, k, threads);
+}
+
 // kiln's own cache-blocked kernel, whatever the backend setting.
 // requires: m, n, k >= 0; lda >= row length of A as stored (k when ta == no, m when ta == yes),
 //   ldb >= (tb == no ? n : k), ldc >= n, otherwise ShapeError; threads >= 0, otherwise ValueError.

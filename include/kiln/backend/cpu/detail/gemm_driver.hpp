@@ -176,6 +176,46 @@ struct gemm_plan {
   index_t nsplit;      // each ic block's jr range is split this many ways (small m, many threads)
 };
 
+// The plan of an m x n x k product (after prefer_transposed) run by `team` threads.
+template <class K>
+gemm_plan make_gemm_plan(index_t m, index_t n, index_t k, int team) {
+  gemm_plan plan{};
+  plan.nc = std::min(K::nc, round_up(n, K::nr));
+  // Balanced k blocks, e.g. k = 400 -> 2 x 200 rather than 256 + 144 (fp32, kc = 256).
+  plan.kc = std::min(round_up(ceil_div(k, ceil_div(k, K::kc)), K::kstep), k);
+  plan.mblocks = ceil_div(m, K::mc);
+  plan.nsplit = 1;
+  if (team > 1 && plan.mblocks >= team) {
+    plan.mblocks = round_up(plan.mblocks, team);  // equal row blocks, one set per thread
+  } else if (team > 1) {
+    // Too few rows for a block each: threads share a row block (each packs it) and split its
+    // columns, which divide evenly down to single panels.
+    plan.nsplit = ceil_div(team, plan.mblocks);
+  }
+  plan.mc = round_up(ceil_div(m, plan.mblocks), K::mr);
+  plan.mblocks = ceil_div(m, plan.mc);
+  return plan;
+}
+// Packed elements of the shared B block and of one thread's A block, each 64-byte aligned.
+template <class K>
+index_t gemm_b_length(const gemm_plan& plan) {
+  return round_up(K::packed_k(plan.kc) * plan.nc, index_t(64 / sizeof(typename K::packed)));
+}
+template <class K>
+index_t gemm_a_length(const gemm_plan& plan) {
+  return round_up(K::packed_k(plan.kc) * plan.mc, index_t(64 / sizeof(typename K::packed)));
+}
+// The workspace bytes gemm_blocked<K> takes for an m x n x k product on `threads` (the memory
+// planner counts the largest: the buffer only grows).
+template <class K>
+std::size_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int threads) {
+  if (m == 0 || n == 0 || k == 0) return 0;
+  if (prefer_transposed<K>(m, n)) std::swap(m, n);
+  const int team = gemm_team_size(threads, m, n, k);
+  const gemm_plan plan = make_gemm_plan<K>(m, n, k, team);
+  return std::size_t(gemm_b_length<K>(plan) + gemm_a_length<K>(plan) * team) * sizeof(typename K::packed);
+}
+
 // The loop nest as run by thread `tid` of `team`; with team == 1 it is the whole product.
 template <class K, class T, class Acc>
 void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::packed* bbuf,
@@ -236,8 +276,6 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
 template <class K, class T, class Acc>
 void gemm_blocked(gemm_problem<T, Acc> g, int threads) {
   using P = typename K::packed;
-  constexpr int MR = K::mr;
-  constexpr int NR = K::nr;
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0 || g.alpha == Acc(0)) {  // BLAS: A and B are not read when alpha == 0
     scale_c(g.m, g.n, g.beta, g.c, g.c_rs);
@@ -245,30 +283,13 @@ void gemm_blocked(gemm_problem<T, Acc> g, int threads) {
   }
   if (prefer_transposed<K>(g.m, g.n)) g = transposed(g);
   const int team = gemm_team_size(threads, g.m, g.n, g.k);
-
-  gemm_plan plan{};
-  plan.nc = std::min(K::nc, round_up(g.n, NR));
-  // Balanced k blocks, e.g. k = 400 -> 2 x 200 rather than 256 + 144 (fp32, kc = 256).
-  plan.kc = std::min(round_up(ceil_div(g.k, ceil_div(g.k, K::kc)), K::kstep), g.k);
-  plan.mblocks = ceil_div(g.m, K::mc);
-  plan.nsplit = 1;
-  if (team > 1 && plan.mblocks >= team) {
-    plan.mblocks = round_up(plan.mblocks, team);  // equal row blocks, one set per thread
-  } else if (team > 1) {
-    // Too few rows for a block each: threads share a row block (each packs it) and split its
-    // columns, which divide evenly down to single panels.
-    plan.nsplit = ceil_div(team, plan.mblocks);
-  }
-  plan.mc = round_up(ceil_div(g.m, plan.mblocks), MR);
-  plan.mblocks = ceil_div(g.m, plan.mc);
+  const gemm_plan plan = make_gemm_plan<K>(g.m, g.n, g.k, team);
 
   // Workspace: the shared B block, then one A block per thread, each 64-byte aligned.
-  constexpr index_t align = 64 / sizeof(P);
-  const index_t kw = K::packed_k(plan.kc);
-  const index_t b_len = round_up(kw * plan.nc, align);
-  const index_t a_len = round_up(kw * plan.mc, align);
+  const index_t b_len = gemm_b_length<K>(plan), a_len = gemm_a_length<K>(plan);
   const std::size_t ws_bytes = static_cast<std::size_t>(b_len + a_len * team) * sizeof(P);
   P* ws = static_cast<P*>(gemm_workspace::this_thread().get(ws_bytes));
+
 
 #ifdef _OPENMP
   if (team > 1) {
