@@ -69,7 +69,8 @@ class Flags {
         }
         if (used != v.size()) return std::is_same_v<T, double> ? "is not a number" : "is not an integer";
         if (bound == Bound::positive && !(parsed > 0)) return "must be positive";
-        if (bound == Bound::non_negative && !(parsed >= 0)) return "must be >= 0";
+        if constexpr (std::is_signed_v<T>)
+          if (bound == Bound::non_negative && parsed < 0) return "must be >= 0";
         field = parsed;
         return {};
       }

@@ -449,9 +449,11 @@ class Sequential {
   // "layer 2 (Linear<256, 128>+relu)": index and what runs, the fused activation included.
   template <std::size_t I>
   std::string layer_label() const {
-    std::string what = detail::describe_layer(std::get<I>(layers_));
-    if constexpr (fuses_next(I)) what += "+" + detail::describe_layer(std::get<I + 1>(layers_));
-    return "layer " + std::to_string(I) + " (" + what + ")";
+    // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on `"text" + std::string`.
+    std::string label = "layer ";
+    label.append(std::to_string(I)).append(" (").append(detail::describe_layer(std::get<I>(layers_)));
+    if constexpr (fuses_next(I)) label.append("+").append(detail::describe_layer(std::get<I + 1>(layers_)));
+    return label.append(")");
   }
   template <std::size_t I, class Exec, class X>
   auto run_layer_now(ag::Tape<Exec>& tape, const X& x) {
