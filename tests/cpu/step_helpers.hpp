@@ -24,6 +24,15 @@ struct OwnedBatch {
   }
 };
 
+// rows x 12 features uniform in [-1, 1] and labels in [0, 4), drawn from `seed`.
+inline OwnedBatch random_batch(kiln::index_t rows, std::uint64_t seed) {
+  kiln::Generator g(seed);
+  OwnedBatch b;
+  for (kiln::index_t i = 0; i < rows * 12; ++i) b.x.push_back(g.uniform(-1.f, 1.f));
+  for (kiln::index_t r = 0; r < rows; ++r) b.y.push_back(std::int32_t(g.below(4)));
+  return b;
+}
+
 // Every parameter of a host model, in for_each_parameter's order.
 template <class Model>
 std::vector<float> values_of(const Model& m) {

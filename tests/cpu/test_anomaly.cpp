@@ -15,6 +15,7 @@ using namespace kiln;
 namespace {
 
 using kiln_step_test::OwnedBatch;
+using kiln_step_test::random_batch;
 
 // The identity forward whose derivative is NaN: a finite forward and a poisoned backward.
 struct NanGrad {
@@ -33,14 +34,6 @@ using Mlp = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::
 using Poisoned = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::Activation<NanGrad>,
                                 nn::Linear<8, 4>>;
 
-OwnedBatch make_batch(index_t rows, std::uint64_t seed) {
-  Generator g(seed);
-  OwnedBatch b;
-  for (index_t i = 0; i < rows * 12; ++i) b.x.push_back(g.uniform(-1.f, 1.f));
-  for (index_t r = 0; r < rows; ++r) b.y.push_back(std::int32_t(g.below(4)));
-  return b;
-}
-
 template <class F>
 std::string numeric_error(F f) {
   try {
@@ -58,7 +51,7 @@ TEST_CASE("anomaly mode names the layer whose forward made a NaN, and the step")
   Mlp model(1);
   optim::AdamW opt(model, {.lr = 1e-2});
   train::Step step(model, opt, exec);
-  OwnedBatch b = make_batch(6, 2);
+  OwnedBatch b = random_batch(6, 2);
   step(b.batch());
   step(b.batch());
   // Poison one weight of the middle Linear: its output (and all after it) turns NaN.
@@ -85,7 +78,7 @@ TEST_CASE("anomaly mode names the layer whose backward made a NaN") {
   for (const char* stance : {"fused", "force_eager"}) {
     CAPTURE(stance);
     ag::Tape<CpuExecutor> tape(exec, {.force_eager = std::string(stance) == "force_eager"});
-    OwnedBatch b = make_batch(5, 3);
+    OwnedBatch b = random_batch(5, 3);
     Tensor<float, host, dyn, 12> xt(5, 12);
     std::copy(b.x.begin(), b.x.end(), xt.data());
     const ag::Var<float, host, dyn, 12> x(std::move(xt));
@@ -99,7 +92,7 @@ TEST_CASE("anomaly mode names the layer whose backward made a NaN") {
   }
   // Off: backward runs through and leaves NaN gradients behind, unreported.
   ag::Tape<CpuExecutor> tape(exec);
-  OwnedBatch b = make_batch(5, 3);
+  OwnedBatch b = random_batch(5, 3);
   Tensor<float, host, dyn, 12> xt(5, 12);
   std::copy(b.x.begin(), b.x.end(), xt.data());
   const ag::Var<float, host, dyn, 12> x(std::move(xt));
@@ -116,6 +109,6 @@ TEST_CASE("anomaly mode stays quiet on a clean step") {
   optim::AdamW opt(model, {.lr = 1e-2});
   train::Step step(model, opt, exec, kiln::policy<kiln::stance::force_eager>{});
   ag::DetectAnomaly on;
-  OwnedBatch b = make_batch(6, 9);
+  OwnedBatch b = random_batch(6, 9);
   for (int s = 0; s < 3; ++s) CHECK_NOTHROW(step(b.batch()));
 }

@@ -23,6 +23,7 @@ using namespace kiln;
 namespace {
 
 using kiln_step_test::OwnedBatch;
+using kiln_step_test::random_batch;
 using kiln_step_test::values_of;
 
 using Mlp = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::ReLU, nn::Linear<8, 4>>;
@@ -31,14 +32,6 @@ using NormMlp = nn::Sequential<nn::Linear<12, 16>, nn::LayerNorm<16>, nn::ReLU, 
 using Cnn = nn::Sequential<nn::Unflatten<3, 2, 2>, nn::Conv2d<3, 4, 3, 1, 1>, nn::BatchNorm2d<4>, nn::ReLU,
                            nn::Residual<nn::Sequential<nn::Conv2d<4, 4, 3, 1, 1>, nn::ReLU>>, nn::Flatten,
                            nn::Linear<16, 4>>;
-
-OwnedBatch make_batch(index_t rows, std::uint64_t seed) {
-  Generator g(seed);
-  OwnedBatch b;
-  for (index_t i = 0; i < rows * 12; ++i) b.x.push_back(g.uniform(-1.f, 1.f));
-  for (index_t r = 0; r < rows; ++r) b.y.push_back(std::int32_t(g.below(4)));
-  return b;
-}
 
 // Values of the parameters whose requires_grad is `trainable`, in order.
 template <class Model>
@@ -66,7 +59,7 @@ index_t check_frozen_training(const std::function<void(Model&)>& freeze, const c
   for (int s = 0; s < 3; ++s) {
     const auto before = exec.stats().launches();
     for (int m = 0; m < 2; ++m) {
-      OwnedBatch b = make_batch(5, 30 + std::uint64_t(2 * s + m));
+      OwnedBatch b = random_batch(5, 30 + std::uint64_t(2 * s + m));
       step(b.batch());
     }
     per_step = index_t(exec.stats().launches() - before);
@@ -163,7 +156,7 @@ TEST_CASE("freeze: under mixed precision the count still holds and frozen master
 TEST_CASE("freeze: trainable layers get exactly the gradients they get with nothing frozen") {
   CpuExecutor exec(1);
   ag::Tape<CpuExecutor> tape(exec);
-  OwnedBatch b = make_batch(7, 5);
+  OwnedBatch b = random_batch(7, 5);
   Tensor<float, host, dyn, 12> xt(7, 12);
   std::copy(b.x.begin(), b.x.end(), xt.data());
   const ag::Var<float, host, dyn, 12> x(std::move(xt));
@@ -218,7 +211,7 @@ TEST_CASE("freeze: counts, describe, unfreeze, and an optimizer built before fre
   Mlp late(4);
   optim::AdamW opt(late, {.lr = 1e-2});
   train::Step step(late, opt, exec);
-  OwnedBatch b = make_batch(5, 1);
+  OwnedBatch b = random_batch(5, 1);
   step(b.batch());
   nn::freeze(late.layer<0>());
   const std::vector<float> first = values_where(late, false);
@@ -235,7 +228,7 @@ TEST_CASE("freeze: a checkpoint of a frozen run resumes into a frozen run and re
   optim::AdamW opt_a(a, {.lr = 1e-2});
   train::Step step_a(a, opt_a, exec);
   for (int s = 0; s < 3; ++s) {
-    OwnedBatch b = make_batch(5, 50 + std::uint64_t(s));
+    OwnedBatch b = random_batch(5, 50 + std::uint64_t(s));
     step_a(b.batch());
   }
   train::save_checkpoint(file.string(), step_a, {.epoch = 0, .batch = 3});
@@ -247,7 +240,7 @@ TEST_CASE("freeze: a checkpoint of a frozen run resumes into a frozen run and re
   (void)train::load_checkpoint(file.string(), step_b);
   CHECK(values_of(a) == values_of(b));
   for (int s = 3; s < 5; ++s) {
-    OwnedBatch batch = make_batch(5, 50 + std::uint64_t(s));
+    OwnedBatch batch = random_batch(5, 50 + std::uint64_t(s));
     step_a(batch.batch());
     step_b(batch.batch());
   }

@@ -19,17 +19,10 @@ using namespace kiln;
 namespace {
 
 using kiln_step_test::OwnedBatch;
+using kiln_step_test::random_batch;
 using kiln_step_test::values_of;
 
 using Mlp = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::ReLU, nn::Linear<8, 4>>;
-
-OwnedBatch make_batch(index_t rows, std::uint64_t seed) {
-  Generator g(seed);
-  OwnedBatch b;
-  for (index_t i = 0; i < rows * 12; ++i) b.x.push_back(g.uniform(-1.f, 1.f));
-  for (index_t r = 0; r < rows; ++r) b.y.push_back(std::int32_t(g.below(4)));
-  return b;
-}
 
 void check_close(const std::vector<float>& a, const std::vector<float>& b, double tol) {
   REQUIRE(a.size() == b.size());
@@ -48,7 +41,7 @@ TEST_CASE("Step: one micro-batch per step equals the hand-written loop, bit for 
   train::Step step(by_step, opt_step, exec);
   ag::Tape<CpuExecutor> tape(exec);
   for (int s = 0; s < 5; ++s) {
-    OwnedBatch b = make_batch(6, 10 + s);
+    OwnedBatch b = random_batch(6, 10 + s);
     const float loss = step(b.batch()).item();
     Tensor<float, host, dyn, 12> xt(6, 12);
     std::copy(b.x.begin(), b.x.end(), xt.data());
@@ -72,7 +65,7 @@ TEST_CASE("Step: accumulating 4 micro-batches of 8 equals one batch of 32, withi
   train::Step accumulating(small, opt_small, exec, kiln::policy<kiln::accumulate<4>>{});
   train::Step whole(large, opt_large, exec);
   for (int s = 0; s < 3; ++s) {
-    OwnedBatch b = make_batch(32, 40 + s);
+    OwnedBatch b = random_batch(32, 40 + s);
     for (int part = 0; part < 4; ++part) {
       OwnedBatch quarter;
       quarter.x.assign(b.x.begin() + part * 8 * 12, b.x.begin() + (part + 1) * 8 * 12);
@@ -95,7 +88,7 @@ TEST_CASE("Step: force_eager trains to the same parameters as fused, with the la
   train::Step fused(a, opt_a, fused_exec, kiln::policy<kiln::accumulate<2>>{});
   train::Step eager(b, opt_b, eager_exec, kiln::policy<kiln::stance::force_eager, kiln::accumulate<2>>{});
   for (int s = 0; s < 6; ++s) {
-    OwnedBatch batch = make_batch(5, 70 + s);
+    OwnedBatch batch = random_batch(5, 70 + s);
     const auto before_f = fused_exec.stats().launches(), before_e = eager_exec.stats().launches();
     fused(batch.batch());
     fused(batch.batch());
@@ -119,7 +112,7 @@ TEST_CASE("Step: the loss window holds the latest micro-batches' losses until th
   train::Step step(model, opt, exec, kiln::policy<>{}, {}, {.loss_window = 3});
   std::vector<float> returned;
   for (int s = 0; s < 3; ++s) {
-    OwnedBatch b = make_batch(4, 90 + s);
+    OwnedBatch b = random_batch(4, 90 + s);
     returned.push_back(step(b.batch()).item());
   }
   CHECK(step.window_full());
@@ -127,7 +120,7 @@ TEST_CASE("Step: the loss window holds the latest micro-batches' losses until th
   CHECK(step.losses_pending() == 0);
   returned.clear();
   for (int s = 0; s < 5; ++s) {  // two more than the window: the two oldest are dropped
-    OwnedBatch b = make_batch(4, 95 + s);
+    OwnedBatch b = random_batch(4, 95 + s);
     returned.push_back(step(b.batch()).item());
   }
   CHECK(step.losses_dropped() == 2);
@@ -140,7 +133,7 @@ TEST_CASE("Step: a NaN loss is named by its micro-batch when the window is read 
   optim::SGD opt(model, {.lr = 1e30});  // diverges at once
   train::Step step(model, opt, exec);
   for (int s = 0; s < 4; ++s) {
-    OwnedBatch b = make_batch(4, 30 + s);
+    OwnedBatch b = random_batch(4, 30 + s);
     step(b.batch());
   }
   CHECK_THROWS_WITH_AS(step.take_losses(true), doctest::Contains("at micro-batch 2"), NumericError);
@@ -160,7 +153,7 @@ TEST_CASE("Step: checks at start — accumulation counts and schedules it cannot
                        ValueError);
   step.set_schedule(optim::StepLr(0.1, 1, 0.5), 8);
   CHECK(opt.lr() == doctest::Approx(0.1));
-  OwnedBatch bad = make_batch(3, 5);
+  OwnedBatch bad = random_batch(3, 5);
   data::Batch b = bad.batch();
   b.dim = 11;
   CHECK_THROWS_WITH_AS(step(b), doctest::Contains("11 features per row but the model's input size is 12"), ShapeError);
@@ -174,7 +167,7 @@ TEST_CASE("Step: a schedule sets the learning rate of each optimizer step, not o
   step.set_schedule(optim::StepLr(0.1, 1, 0.5));
   std::vector<double> lrs;
   for (int s = 0; s < 6; ++s) {
-    OwnedBatch b = make_batch(3, 60 + s);
+    OwnedBatch b = random_batch(3, 60 + s);
     lrs.push_back(opt.lr());
     step(b.batch());
   }
@@ -196,7 +189,7 @@ TEST_CASE("Step: every precision × stance runs exactly the launches predicted a
           for (int s = 0; s < 2; ++s) {
             const auto before = exec.stats().launches();
             for (index_t m = 0; m < accumulate; ++m) {
-              OwnedBatch b = make_batch(6, 20 + std::uint64_t(m));
+              OwnedBatch b = random_batch(6, 20 + std::uint64_t(m));
               step(b.batch());
             }
             CHECK(exec.stats().launches() - before == std::size_t(step.predicted_launches()));
@@ -222,7 +215,7 @@ TEST_CASE("Step: inf or NaN in a gradient at any micro-batch of an accumulated s
     CHECK(step.describe().find("pointless") != std::string::npos);
     auto run_step = [&](int seed) {
       for (int m = 0; m < 3; ++m) {
-        OwnedBatch b = make_batch(5, std::uint64_t(seed * 10 + m));
+        OwnedBatch b = random_batch(5, std::uint64_t(seed * 10 + m));
         step(b.batch());
       }
     };
@@ -259,7 +252,7 @@ TEST_CASE("Step: an opaque function is a boundary the report names; its launches
   train::Step step(model, opt, exec);
   CHECK(step.predicted_launches() == -1);
   step.record_next_step();
-  OwnedBatch b = make_batch(4, 1);
+  OwnedBatch b = random_batch(4, 1);
   step(b.batch());
   const train::Report r = train::report(step);
   bool named = false, backward_named = false;
@@ -280,7 +273,7 @@ TEST_CASE("Step: the report adds up what the executor counted, with a reason for
   train::Step step(model, opt, exec, kiln::policy<kiln::accumulate<2>>{});
   step.record_next_step();
   for (int s = 0; s < 2; ++s) {
-    OwnedBatch b = make_batch(8, 7 + std::uint64_t(s));
+    OwnedBatch b = random_batch(8, 7 + std::uint64_t(s));
     step(b.batch());
   }
   const train::Report r = train::report(step);
