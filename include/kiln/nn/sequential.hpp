@@ -283,6 +283,9 @@ class Sequential {
     return std::get<I>(layers_);
   }
   static constexpr std::size_t size() { return N; }
+  // Whether layer i runs layer i + 1 (an activation) in its own epilogue (a Linear or Conv2d
+  // followed by an activation): the two are one step, forward and backward.
+  static constexpr bool fuses_with_next(std::size_t i) { return fuses_next(i); }
 
   template <class Exec, class X>
   auto forward(ag::Tape<Exec>& tape, const X& x) {

@@ -103,14 +103,8 @@ constexpr index_t sample_elements() {
 template <class Model, std::size_t I>
 constexpr index_t layer_elements() {
   using Info = sequential_layers<Model>;
-  using L = std::tuple_element_t<I, typename Info::tuple>;
-  constexpr std::size_t N = Info::count;
-  if constexpr (I > 0) {
-    using Prev = std::tuple_element_t<I - 1, typename Info::tuple>;
-    if constexpr (nn::fuses_activation_v<Prev> && nn::is_activation_v<L>) return 0;  // inside the previous one
-  }
-  constexpr bool fused = I + 1 < N && nn::fuses_activation_v<L> &&
-                         nn::is_activation_v<std::tuple_element_t<(I + 1 < N ? I + 1 : I), typename Info::tuple>>;
+  if constexpr (I > 0 && Model::fuses_with_next(I - 1)) return 0;  // runs inside the previous layer
+  constexpr bool fused = Model::fuses_with_next(I);
   constexpr index_t out = sample_elements<typename Info::template sample_before<fused ? I + 2 : I + 1>>();
   if constexpr (out == dyn) return dyn;
   else return 2 * out + (fused ? out : 0);  // value and gradient, and a fused activation's dZ
