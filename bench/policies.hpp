@@ -6,6 +6,11 @@
 // One JSON line per configuration: bench, backend, precision, stance, accumulate, batch (the
 // micro-batch), step_ms (median over steps, one optimizer step each), kernels_per_step,
 // predicted_kernels.
+//
+// The modes (all_modes): default, reduce_overhead and max_autotune side by side — three models,
+// stepped in turn, one step each per round, so that the machine's drift hits all three alike —
+// at batch 64, 256 and 1024 (fp32, fused); each line adds the mode and its step time against
+// default's (vs_default: default's median / this one's; above 1 is faster).
 #pragma once
 
 #include <chrono>
@@ -57,6 +62,70 @@ void policy_step(const char* backend, kiln::index_t batch, kiln::index_t accumul
               backend, Policy::precision::name, Policy::stance::name, (long long)accumulate, (long long)batch,
               median(times) * 1e3, launches, (long long)step.predicted_launches());
   std::fflush(stdout);
+}
+
+// One model per mode, stepped in turn; one JSON line per mode.
+template <class Space, class Sync>
+void mode_steps(const char* backend, kiln::index_t batch, int steps, int threads, Sync sync) {
+  using Model = typename Mlp::template on<Space>;
+  struct Run {
+    kiln::executor_t<Space> exec;
+    Model model{0};
+    kiln::optim::AdamW<> opt{model, {.lr = 1e-3}};
+    explicit Run(int threads) : exec(kiln::make_executor<Space>(threads)) {}
+  };
+  Run d(threads), r(threads), a(threads);
+  kiln::train::Step by_default(d.model, d.opt, d.exec, kiln::policy<>{});
+  kiln::train::Step replayed(r.model, r.opt, r.exec, kiln::policy<kiln::mode::reduce_overhead>{});
+  kiln::train::Step tuned(a.model, a.opt, a.exec, kiln::policy<kiln::mode::max_autotune>{});
+  kiln::Generator gen(1);
+  std::vector<float> x(static_cast<std::size_t>(batch * 400));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
+  for (auto& v : x) v = gen.uniform(-1.f, 1.f);
+  for (auto& v : y) v = std::int32_t(gen.below(10));
+  kiln::Tensor<float, Space, kiln::dyn> xs(kiln::Shape{batch * 400});
+  kiln::Tensor<std::int32_t, Space, kiln::dyn> ys(kiln::Shape{batch});
+  kiln::memory_traits<Space>::copy_from_host(xs.data(), x.data(), x.size() * sizeof(float));
+  kiln::memory_traits<Space>::copy_from_host(ys.data(), y.data(), y.size() * sizeof(std::int32_t));
+  std::vector<double> t_default, t_replayed, t_tuned;
+  auto time_one = [&](auto& step, auto& exec, std::vector<double>& into, int s) {
+    sync(exec);
+    const auto t0 = std::chrono::steady_clock::now();
+    step.run(xs.data(), ys.data(), batch, 400);
+    sync(exec);
+    if (s >= 3) into.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (step.window_full()) (void)step.take_losses();
+  };
+  for (int s = 0; s < steps + 3; ++s) {  // three warm-up rounds: the capture and the tuning happen there
+    time_one(by_default, d.exec, t_default, s);
+    time_one(replayed, r.exec, t_replayed, s);
+    time_one(tuned, a.exec, t_tuned, s);
+  }
+  const double base = median(t_default);
+  auto line = [&](const char* mode, const std::vector<double>& t, const std::string& extra) {
+    std::printf("{\"bench\": \"policies\", \"backend\": \"%s\", \"mode\": \"%s\", \"precision\": \"fp32\", "
+                "\"stance\": \"fused\", \"batch\": %lld, \"step_ms\": %.4f, \"vs_default\": %.3f%s}\n",
+                backend, mode, (long long)batch, median(t) * 1e3, base / median(t), extra.c_str());
+  };
+  line("default", t_default, "");
+  if constexpr (decltype(replayed)::captures)
+    line("reduce_overhead", t_replayed,
+         ", \"replays\": " + std::to_string(replayed.captures_made().counts().replays));
+  else
+    line("reduce_overhead", t_replayed, ", \"note\": \"not built for this executor yet: ran as default\"");
+  if constexpr (decltype(tuned)::autotunes)
+    line("max_autotune", t_tuned,
+         ", \"gemm_shapes_timed\": " + std::to_string(tuned.tuner()->tuned()) +
+             ", \"gemm_shapes_from_cache\": " + std::to_string(tuned.tuner()->reused()));
+  else
+    line("max_autotune", t_tuned, ", \"note\": \"not built for this executor yet: ran as default\"");
+  std::fflush(stdout);
+}
+
+// The three modes at batch 64, 256 and 1024.
+template <class Space, class Sync>
+void all_modes(const char* backend, int steps, int threads, Sync sync) {
+  for (kiln::index_t batch : {64, 256, 1024}) mode_steps<Space>(backend, batch, steps, threads, sync);
 }
 
 // Every precision × stance × accumulation (1 and 4) at batch 64 and 256.

@@ -1,7 +1,7 @@
 // bench/policies_cuda — bench/policies on a CUDA device (without one: a skip line and exit 0, or
 // exit 2 when KILN_REQUIRE_DEVICE is set):
-// step time per optimizer step under every precision × stance × accumulation, the device
-// synchronised around each timed step.
+// step time per optimizer step under every precision × stance × accumulation, then the three
+// modes side by side, the device synchronised around each timed step.
 //
 //   build/bench/policies_cuda [--steps 50]
 #include <cstdio>
@@ -16,4 +16,5 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--steps") steps = std::atoi(argv[2]);
   if (!kiln::cu::device_available()) return kiln::cu::report_no_device("policies_cuda");
   kiln_bench::all_policies<kiln::cuda>("cuda", steps, 0, [](kiln::CudaExecutor& e) { e.synchronize(); });
+  kiln_bench::all_modes<kiln::cuda>("cuda", steps, 0, [](kiln::CudaExecutor& e) { e.synchronize(); });
 }

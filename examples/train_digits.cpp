@@ -3,7 +3,7 @@
 // it trains on the GPU when one is present; otherwise, and in host-only builds, on the CPU.
 //
 //   build/examples/train_digits --data-dir data [--epochs 10] [--batch 64] [--accumulate 1]
-//     [--lr 1e-3] [--lr-scaling sqrt] [--precision fp32] [--stance fused] [--seed 0] [--threads 1]
+//     [--lr 1e-3] [--lr-scaling sqrt] [--precision fp32] [--stance fused] [--mode default] [--seed 0] [--threads 1]
 //     [--digits 0-9] [--checkpoint-dir DIR] [--checkpoint-every N] [--keep 2] [--resume]
 //     [--verify-checkpoints] [--log-dir DIR]
 //
@@ -13,12 +13,16 @@
 // closing "state crc32c" line says so). --verify-checkpoints loads every checkpoint in the
 // directory, reports, and exits (non-zero when one does not load). --log-dir writes TensorBoard
 // event files and scalars.csv (loss, lr, loss scale, steps/s, samples/s, data-wait fraction).
+// --mode (kiln/policy/mode.hpp): reduce_overhead captures the step at each batch shape and
+// replays it; max_autotune times each GEMM shape's candidates once and keeps the fastest, cached
+// under KILN_CACHE_DIR. The closing lines say what the mode did.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/io/training_log.hpp"
@@ -42,7 +46,8 @@ struct Options {
   int epochs = 10, threads = 1;
   index_t batch = 64, accumulate = 1, checkpoint_every = 0, keep = 2;
   double lr = 1e-3;
-  std::string lr_scaling = "sqrt", precision = "fp32", stance = "fused", data_dir = "data", digits = "all";
+  std::string lr_scaling = "sqrt", precision = "fp32", stance = "fused", mode = "default", data_dir = "data",
+              digits = "all";
   std::string checkpoint_dir, log_dir;
   bool resume = false, verify_checkpoints = false, plan = false;
   double memory_budget_mib = 0;  // --plan's budget; 0: free memory less a margin
@@ -59,6 +64,7 @@ Options parse(int argc, char** argv) {
   flags.add("--lr-scaling", o.lr_scaling);
   flags.add("--precision", o.precision);
   flags.add("--stance", o.stance);
+  flags.add("--mode", o.mode);
   flags.add("--seed", o.seed);
   flags.add("--threads", o.threads, kiln_example::positive);
   flags.add("--data-dir", o.data_dir);
@@ -73,7 +79,8 @@ Options parse(int argc, char** argv) {
   flags.add("--memory-budget", o.memory_budget_mib, kiln_example::positive);
   flags.parse(argc, argv,
               "usage: train_digits [--epochs N] [--batch N] [--accumulate N] [--lr X] [--lr-scaling none|linear|"
-              "sqrt] [--precision fp32|tf32|bf16_mixed|fp16_mixed] [--stance fused|force_eager] [--seed N] "
+              "sqrt] [--precision fp32|tf32|bf16_mixed|fp16_mixed] [--stance fused|force_eager|eager_on_recompile|"
+              "fail_on_recompile] [--mode default|reduce_overhead|max_autotune] [--seed N] "
               "[--threads N] [--data-dir DIR] [--digits 0-9] [--checkpoint-dir DIR] [--checkpoint-every N] "
               "[--keep K] [--resume] [--verify-checkpoints] [--log-dir DIR] [--plan] [--memory-budget MIB]\n"
               "Trains an MLP 400-256-128-10 (ReLU, AdamW) on digits20 (--digits: only those classes). --lr is "
@@ -235,6 +242,7 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
   }
   std::sort(epoch_seconds.begin(), epoch_seconds.end());
   const auto rep = kiln::train::report(step);
+  std::printf("%s", step.mode_report().c_str());
   std::printf("%sfinal test accuracy %.4f; total %.2f s; median epoch %.4f s; waited for data %.4f s\n"
               "%.1f kernels per training step (%lld predicted at compile time)\nstate crc32c %08x\n",
               rep.str().c_str(), final_accuracy, seconds_since(start), epoch_seconds[epoch_seconds.size() / 2],
@@ -245,8 +253,16 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
 template <class Space>
 int run(const Options& o, const kiln::data::Dataset& tr, const kiln::data::Dataset& te) {
   int status = 0;
-  kiln::select_policy<kiln::accumulate<kiln::dyn>>(o.precision, o.stance,
-                                                   [&]<class Policy>() { status = train<Space, Policy>(o, tr, te); });
+  auto go = [&]<class Policy>() { status = train<Space, Policy>(o, tr, te); };
+  if constexpr (std::is_same_v<Space, kiln::host>) {
+    kiln::select_policy<kiln::accumulate<kiln::dyn>>(o.precision, o.stance, o.mode, go);
+  } else {
+    // The modes are built for the CPU executor so far (CUDA graphs and cuBLASLt autotuning are the
+    // rest of issue 13): on a device say so rather than compile policies that would run as default.
+    KILN_CHECK(o.mode == "default", kiln::ValueError, "--mode ", o.mode, " is not built for CUDA yet (CUDA-graph ",
+               "capture and cuBLASLt autotuning are still to come); on a GPU use --mode default");
+    kiln::select_policy<kiln::accumulate<kiln::dyn>>(o.precision, o.stance, go);
+  }
   return status;
 }
 

@@ -2,54 +2,20 @@
 // binary replaces the global operator new / delete with a counting allocator (every heap byte:
 // tensors, optimizer state, tape nodes, scratch), and the plan must be within 10% of the peak
 // the step reaches, for the digits MLP at batch 64 and 1024 (fp32, fused, AdamW). Its own
-// executable: the replacement would count every other suite's allocations too.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// executable (counting_new.cpp): the replacement would count every other suite's allocations too.
 #include <doctest/doctest.h>
 
 #include <kiln/train.hpp>
 #include <kiln/train/memory_plan.hpp>
 
-#include <malloc.h>
-
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <new>
 #include <vector>
 
-namespace {
-std::atomic<std::size_t> in_use{0}, peak{0};
-void* counted(void* p) {
-  if (p == nullptr) throw std::bad_alloc();
-  const std::size_t now = in_use.fetch_add(malloc_usable_size(p)) + malloc_usable_size(p);
-  std::size_t seen = peak.load();
-  while (now > seen && !peak.compare_exchange_weak(seen, now)) {
-  }
-  return p;
-}
-void uncounted(void* p) noexcept {
-  if (p == nullptr) return;
-  in_use.fetch_sub(malloc_usable_size(p));
-  std::free(p);
-}
-void* aligned(std::size_t n, std::align_val_t a) {
-  const std::size_t al = std::max<std::size_t>(std::size_t(a), sizeof(void*));
-  return counted(std::aligned_alloc(al, (std::max<std::size_t>(n, 1) + al - 1) / al * al));
-}
-}  // namespace
+#include "counting_new.hpp"
 
-void* operator new(std::size_t n) { return counted(std::malloc(std::max<std::size_t>(n, 1))); }
-void* operator new[](std::size_t n) { return counted(std::malloc(std::max<std::size_t>(n, 1))); }
-void* operator new(std::size_t n, std::align_val_t a) { return aligned(n, a); }
-void* operator new[](std::size_t n, std::align_val_t a) { return aligned(n, a); }
-void operator delete(void* p) noexcept { uncounted(p); }
-void operator delete[](void* p) noexcept { uncounted(p); }
-void operator delete(void* p, std::size_t) noexcept { uncounted(p); }
-void operator delete[](void* p, std::size_t) noexcept { uncounted(p); }
-void operator delete(void* p, std::align_val_t) noexcept { uncounted(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { uncounted(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { uncounted(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { uncounted(p); }
+using kiln_memory_test::heap_in_use;
+using kiln_memory_test::heap_peak;
+using kiln_memory_test::reset_heap_peak;
 
 namespace {
 
@@ -64,8 +30,8 @@ std::size_t measured_peak(kiln::index_t batch, kiln::train::MemoryPlan& plan) {
   std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 17) / 17.f - 0.5f;
   for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::int32_t(i % 10);
-  const std::size_t before = in_use.load();
-  peak.store(before);
+  const std::size_t before = heap_in_use();
+  reset_heap_peak();
   {
     kiln::CpuExecutor exec(1);
     Mlp model(0);
@@ -74,7 +40,7 @@ std::size_t measured_peak(kiln::index_t batch, kiln::train::MemoryPlan& plan) {
     kiln::train::Step step(model, opt, exec, Policy{});
     for (int s = 0; s < 3; ++s) step.run(x.data(), y.data(), batch, 400);
   }
-  return peak.load() - before;
+  return heap_peak() - before;
 }
 
 }  // namespace

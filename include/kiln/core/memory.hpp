@@ -7,6 +7,7 @@
 #include <new>
 
 #include "kiln/core/error.hpp"
+#include "kiln/core/host_graph_pool.hpp"
 #include "kiln/core/space.hpp"
 
 namespace kiln {
@@ -25,10 +26,12 @@ struct memory_traits<host> {
   static constexpr std::size_t alignment = 64;
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
+    // While a step is captured on this thread its buffers stay put (kiln/core/host_graph_pool.hpp).
+    if (detail::HostGraphPool* pool = detail::capturing_host_pool()) return detail::allocate_from_host_pool(*pool, bytes);
     return ::operator new(bytes, std::align_val_t(alignment));
   }
   static void deallocate(void* p, std::size_t /*bytes*/) noexcept {
-    if (p) ::operator delete(p, std::align_val_t(alignment));
+    if (p && !detail::return_to_host_pool(p)) ::operator delete(p, std::align_val_t(alignment));
   }
   // Copies bytes of this space into host memory (Var::item()).
   static void copy_to_host(void* dst, const void* src, std::size_t bytes) {

@@ -43,11 +43,26 @@ class LaunchStats {
     ++total_;
     ++by_kind_[k];
     if (recording_) records_.push_back({k, std::string(name), elements, bytes, region_});
+    if (watching_ && !in_launch_ && uncaptured_.empty()) uncaptured_ = std::string(k) + " " + std::string(name);
   }
+  // While an executor captures a step (mode::reduce_overhead on the CPU, kiln/backend/cpu/
+  // step_graph.hpp), a launch counted outside its launch() is one a replay would not run again,
+  // and so is an opaque region (set_region): the first such launch ("kind name") or region is
+  // remembered, and the step is not replayed.
+  void watch_capture(bool on) {
+    watching_ = on;
+    if (on) uncaptured_.clear();
+  }
+  void set_in_launch(bool on) { in_launch_ = on; }
+  const std::string& uncaptured() const { return uncaptured_; }
   // Launches recorded while a region is set carry its name (an opaque user function, for the
   // report); regions do not nest (the inner one wins while it lasts).
   const std::string& region() const { return region_; }
-  std::string set_region(std::string r) { return std::exchange(region_, std::move(r)); }
+  std::string set_region(std::string r) {
+    // A region (an opaque function) may do host work no launch shows: a capture cannot replay it.
+    if (watching_ && !r.empty() && uncaptured_.empty()) uncaptured_ = r;
+    return std::exchange(region_, std::move(r));
+  }
   std::size_t launches() const { return total_; }
   std::size_t launches(std::string_view k) const {
     auto it = by_kind_.find(std::string(k));
@@ -80,6 +95,8 @@ class LaunchStats {
   std::vector<LaunchRecord> records_;
   std::string region_;
   bool recording_ = false;
+  bool watching_ = false, in_launch_ = false;
+  std::string uncaptured_;
 };
 
 }  // namespace kiln

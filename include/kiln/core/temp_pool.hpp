@@ -2,12 +2,18 @@
 //
 // Fusion boundaries and the force_eager stance need scratch buffers every step; taking them
 // from a cache keeps steady-state steps free of allocations (and of the page faults fresh host
-// memory costs), so eager-vs-fused comparisons measure kernels, not the allocator.
+// memory costs), so eager-vs-fused comparisons measure kernels, not the allocator. The cache is a
+// flat list, so taking and returning a buffer allocate nothing once it has grown.
+//
+// While a step is captured (mode::reduce_overhead, kiln/core/host_graph_pool.hpp) host buffers
+// bypass the cache: they come from the graph's pool, which keeps each at its address for replay,
+// and go back there.
 #pragma once
 
 #include <cstddef>
-#include <map>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "kiln/core/memory.hpp"
 
@@ -20,15 +26,18 @@ class TempPool {
   class Buffer {
    public:
     Buffer() = default;
-    Buffer(TempPool* pool, void* p, std::size_t bytes) : pool_(pool), p_(p), bytes_(bytes) {}
+    Buffer(TempPool* pool, void* p, std::size_t bytes, bool direct = false)
+        : pool_(pool), p_(p), bytes_(bytes), direct_(direct) {}
     Buffer(Buffer&& o) noexcept
-        : pool_(std::exchange(o.pool_, nullptr)), p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_) {}
+        : pool_(std::exchange(o.pool_, nullptr)), p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_),
+          direct_(o.direct_) {}
     Buffer& operator=(Buffer&& o) noexcept {
       if (this != &o) {
         release();
         pool_ = std::exchange(o.pool_, nullptr);
         p_ = std::exchange(o.p_, nullptr);
         bytes_ = o.bytes_;
+        direct_ = o.direct_;
       }
       return *this;
     }
@@ -37,12 +46,14 @@ class TempPool {
 
    private:
     void release() {
-      if (pool_) pool_->give_back(p_, bytes_);
+      if (pool_ && direct_) memory_traits<Space>::deallocate(p_, bytes_);
+      else if (pool_) pool_->give_back(p_, bytes_);
       pool_ = nullptr;
     }
     TempPool* pool_ = nullptr;
     void* p_ = nullptr;
     std::size_t bytes_ = 0;
+    bool direct_ = false;  // taken while a step was captured: from and back to the graph's pool
   };
 
   TempPool() = default;
@@ -52,10 +63,13 @@ class TempPool {
 
   Buffer take(std::size_t bytes) {
     bytes = round_up(bytes);
-    auto it = free_.find(bytes);
-    if (it != free_.end()) {
-      void* p = it->second;
-      free_.erase(it);
+    if constexpr (std::is_same_v<Space, host>)
+      if (detail::capturing_host_pool()) return Buffer(this, memory_traits<Space>::allocate(bytes), bytes, true);
+    for (std::size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].first != bytes) continue;
+      void* p = free_[i].second;
+      free_[i] = free_.back();
+      free_.pop_back();
       return Buffer(this, p, bytes);
     }
     return Buffer(this, memory_traits<Space>::allocate(bytes), bytes);
@@ -70,9 +84,9 @@ class TempPool {
  private:
   static std::size_t round_up(std::size_t b) { return (b + 255) / 256 * 256; }
   void give_back(void* p, std::size_t bytes) {
-    if (p) free_.emplace(bytes, p);
+    if (p) free_.emplace_back(bytes, p);
   }
-  std::multimap<std::size_t, void*> free_;
+  std::vector<std::pair<std::size_t, void*>> free_;
 };
 
 }  // namespace kiln

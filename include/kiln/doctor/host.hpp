@@ -13,6 +13,7 @@
 
 #include "kiln/backend/cpu/gemm.hpp"
 #include "kiln/config.hpp"
+#include "kiln/core/cpu_model.hpp"
 #include "kiln/doctor/report.hpp"
 
 #if defined(_OPENMP)
@@ -23,16 +24,6 @@ namespace kiln::doctor {
 
 namespace detail {
 
-inline std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "unknown (no /proc/cpuinfo model name)";
-}
 
 struct Extension {
   const char* name;
@@ -91,7 +82,7 @@ inline Section examine_host(bool& cpu_ok) {
   Section s{"host"};
   s.fact("kiln", std::to_string(version_major) + "." + std::to_string(version_minor) + "." +
                      std::to_string(version_patch));
-  s.fact("cpu", detail::cpu_model());
+  s.fact("cpu", kiln::cpu_model());
   std::string targeted, missing, unused;
   cpu_ok = true;
   for (const auto& e : detail::extensions()) {

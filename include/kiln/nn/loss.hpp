@@ -211,14 +211,17 @@ std::shared_ptr<Tensor<std::int32_t, S, dyn>> saved_labels(Exec& exec, const std
   KILN_CHECK(rows == 0 || labels != nullptr, ValueError, op, ": labels is null for ", rows, " rows");
   auto saved = std::make_shared<Tensor<std::int32_t, S, dyn>>(Shape{rows});
   if constexpr (std::is_same_v<S, host>) {
+    // One launch, so that a replayed step (mode::reduce_overhead) copies and checks each batch's labels.
     std::int32_t* dst = saved->data();
-    for (index_t r = 0; r < rows; ++r) {
-      const std::int32_t y = labels[r];
-      KILN_CHECK(y >= 0 && y < cols, ValueError, op, ": the label of row ", r, " is ", y, ", outside [0, ", cols,
-                 ") for ", op == std::string_view("nll_loss") ? "log-probabilities" : "logits", " of shape ",
-                 shape.str());
-      dst[r] = y;
-    }
+    exec.launch("labels", [labels, dst, rows, cols, op, shape](std::string_view) {
+      for (index_t r = 0; r < rows; ++r) {
+        const std::int32_t y = labels[r];
+        KILN_CHECK(y >= 0 && y < cols, ValueError, op, ": the label of row ", r, " is ", y, ", outside [0, ", cols,
+                   ") for ", op == std::string_view("nll_loss") ? "log-probabilities" : "logits", " of shape ",
+                   shape.str());
+        dst[r] = y;
+      }
+    });
   } else {
     exec.for_each_element(rows, 1, CopyLabels<std::int32_t>{labels, saved->data()}, kind::copy,
                           std::string(op) + "_labels", std::size_t(rows) * sizeof(std::int32_t) * 2);
@@ -249,7 +252,7 @@ ag::Var<T, S> nll_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logp, co
                     "nll_loss", bytes);
   ag::Var<T, S> out(Tensor<T, S>{});
   const detail::CrossEntropySum<T> total{per_row->data(), out.value().data(), rows, scale};
-  if constexpr (std::is_same_v<S, host>) total(0, 0);
+  if constexpr (std::is_same_v<S, host>) tape.exec().launch("nll_loss_sum", [total](std::string_view) { total(0, 0); });
   else detail::launch_lines<false>(tape.exec(), 1, rows, total, "nll_loss_sum", std::size_t(rows) * sizeof(T), kind::loss);
   if (!logp.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
@@ -300,7 +303,7 @@ ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S,
                     "cross_entropy", bytes);
   ag::Var<F, S> out(Tensor<F, S>{});
   const detail::CrossEntropySum<F> total{LSE + rows, out.value().data(), rows, scale};
-  if constexpr (std::is_same_v<S, host>) total(0, 0);
+  if constexpr (std::is_same_v<S, host>) tape.exec().launch("cross_entropy_sum", [total](std::string_view) { total(0, 0); });
   else detail::launch_lines<false>(tape.exec(), 1, rows, total, "cross_entropy_sum", std::size_t(rows) * sizeof(F), kind::loss);
   if (!logits.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);

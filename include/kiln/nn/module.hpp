@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -221,13 +222,15 @@ template <bool PerColumn, class Exec, class F>
 void launch_lines(Exec& exec, index_t n, index_t len, const F& f, const char* name, std::size_t bytes,
                   const char* k = kind::norm) {
   if constexpr (std::is_same_v<typename Exec::space, host>) {
-    exec.stats().count(k, name, n * len, bytes);
-    exec.parallel_for(n, std::max<index_t>(1, Exec::grain / std::max<index_t>(len, 1)), [&](index_t b, index_t e) {
-      const F local = f;  // a private copy keeps its pointers in registers
-      for (index_t i = b; i < e; ++i) {
-        if constexpr (PerColumn) local(0, i);
-        else local(i, 0);
-      }
+    exec.launch(name, [&exec, n, len, f, k, bytes](std::string_view nm) {
+      exec.stats().count(k, nm, n * len, bytes);
+      exec.parallel_for(n, std::max<index_t>(1, Exec::grain / std::max<index_t>(len, 1)), [&](index_t b, index_t e) {
+        const F local = f;  // a private copy keeps its pointers in registers
+        for (index_t i = b; i < e; ++i) {
+          if constexpr (PerColumn) local(0, i);
+          else local(i, 0);
+        }
+      });
     });
   } else if constexpr (PerColumn && requires { exec.column_sums(len, n, f, k, name, bytes); }) {
     exec.column_sums(len, n, f, k, name, bytes);

@@ -5,7 +5,8 @@
 //
 // Categories and defaults:
 //   precision     precision::fp32 | tf32 | bf16_mixed | fp16_mixed          (fp32)
-//   stance        stance::fused | force_eager                               (fused)
+//   stance        stance::fused | force_eager | eager_on_recompile | fail_on_recompile   (fused)
+//   mode          mode::default_ | reduce_overhead | max_autotune           (default_)
 //   accumulate    accumulate<N>, N >= 1, or accumulate<kiln::dyn>           (accumulate<1>)
 //   loss scaling  loss_scaling::dynamic | none          (dynamic for fp16_mixed, none otherwise)
 //   fullgraph     kiln::fullgraph: a fusion boundary in the step (an nn::Opaque layer) is a
@@ -18,6 +19,7 @@
 
 #include "kiln/config.hpp"
 #include "kiln/policy/accumulate.hpp"
+#include "kiln/policy/mode.hpp"
 #include "kiln/policy/precision.hpp"
 #include "kiln/policy/scaling.hpp"
 #include "kiln/policy/stance.hpp"
@@ -31,12 +33,13 @@ struct fullgraph {
 
 namespace policy_detail {
 
-enum class category { precision, stance, accumulate, loss_scaling, fullgraph, none };
+enum class category { precision, stance, accumulate, loss_scaling, fullgraph, mode, none };
 
 template <class T>
 constexpr category category_of() {
   if constexpr (precision::is_precision_v<T>) return category::precision;
-  else if constexpr (stance::is_stance_v<T>) return category::stance;
+  else if constexpr (stance::is_policy_stance_v<T>) return category::stance;
+  else if constexpr (mode::is_mode_v<T>) return category::mode;
   else if constexpr (is_accumulate_v<T>) return category::accumulate;
   else if constexpr (loss_scaling::is_scaling_v<T>) return category::loss_scaling;
   else if constexpr (std::is_same_v<T, fullgraph>) return category::fullgraph;
@@ -48,7 +51,8 @@ template <class Tag>
 struct not_a_policy_tag {
   static_assert(dependent_false<Tag>,
                 "kiln::policy: a tag is not a policy tag (see not_a_policy_tag<Tag>); the tags are "
-                "precision::{fp32, tf32, bf16_mixed, fp16_mixed}, stance::{fused, force_eager}, accumulate<N>, "
+                "precision::{fp32, tf32, bf16_mixed, fp16_mixed}, stance::{fused, force_eager, eager_on_recompile, "
+                "fail_on_recompile}, mode::{default_, reduce_overhead, max_autotune}, accumulate<N>, "
                 "loss_scaling::{dynamic, none} and fullgraph");
 };
 template <class A, class B>
@@ -67,6 +71,10 @@ template <class A, class B>
 struct two_loss_scaling_tags {
   static_assert(dependent_false<A>,
                 "kiln::policy: two loss_scaling tags (see two_loss_scaling_tags<A, B>); give one");
+};
+template <class A, class B>
+struct two_mode_tags {
+  static_assert(dependent_false<A>, "kiln::policy: two mode tags (see two_mode_tags<A, B>); give one");
 };
 template <class A, class B>
 struct fullgraph_twice {
@@ -125,12 +133,14 @@ struct policy {
       policy_detail::at_most_one<policy_detail::two_stance_tags, category::stance, Tags...>() &&
       policy_detail::at_most_one<policy_detail::two_accumulate_tags, category::accumulate, Tags...>() &&
       policy_detail::at_most_one<policy_detail::two_loss_scaling_tags, category::loss_scaling, Tags...>() &&
-      policy_detail::at_most_one<policy_detail::fullgraph_twice, category::fullgraph, Tags...>();
+      policy_detail::at_most_one<policy_detail::fullgraph_twice, category::fullgraph, Tags...>() &&
+      policy_detail::at_most_one<policy_detail::two_mode_tags, category::mode, Tags...>();
   static_assert(checked);
 
  public:
   using precision = typename policy_detail::first_of<category::precision, kiln::precision::fp32, Tags...>::type;
   using stance = typename policy_detail::first_of<category::stance, kiln::stance::fused, Tags...>::type;
+  using mode = typename policy_detail::first_of<category::mode, kiln::mode::default_, Tags...>::type;
   using accumulate_tag = typename policy_detail::first_of<category::accumulate, kiln::accumulate<1>, Tags...>::type;
   using loss_scaling = typename policy_detail::first_of<
       category::loss_scaling,

@@ -18,6 +18,17 @@
 // expression node is its own kernel, a Linear's bias and activation leave its GEMM's epilogue and
 // the optimizer updates one tensor at a time, node by node. The launches of one optimizer step are
 // known at compile time (predicted_launches(), kiln/train/launches.hpp).
+//
+// The policy's mode (kiln/policy/mode.hpp): under mode::reduce_overhead on the CPU the first
+// micro-batch at each batch shape (and position within an accumulation) is captured — forward,
+// loss and backward (kiln/train/captures.hpp) — and later ones copy the batch into the
+// capture's buffers and replay it: no tape, no allocation, the same results bit for bit. The
+// optimizer part (loss-scaler check, optimizer, scaler update) runs after it as usual, so the
+// learning rate and step counts are read fresh every step. The loss a replay returns is the
+// capture's variable: the next replay at that shape overwrites it (read losses with
+// take_losses(), as a training loop does). A shape not captured before is captured, run eagerly
+// (stance::eager_on_recompile) or refused (stance::fail_on_recompile); anomaly mode runs every
+// step eagerly. On CUDA, reduce_overhead runs as default for now (describe() says so).
 #pragma once
 
 #include <cmath>
@@ -25,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -39,9 +51,11 @@
 #include "kiln/optim/param.hpp"
 #include "kiln/optim/schedule.hpp"
 #include "kiln/policy/policy.hpp"
+#include "kiln/train/captures.hpp"
 #include "kiln/train/grad_scaler.hpp"
 #include "kiln/train/launches.hpp"
 #include "kiln/train/loss.hpp"
+#include "kiln/tune/gemm_tuner.hpp"
 
 namespace kiln::train {
 
@@ -58,6 +72,10 @@ struct StepOptions {
   // before the optimizer part of the step: to look at gradients, or to corrupt one on purpose
   // (tests of the loss scaler's skip).
   std::function<void(index_t micro_batch)> after_backward = {};
+  // mode::reduce_overhead: the most batch shapes captured (past it: an error naming them).
+  index_t max_captured_shapes = 8;
+  // mode::max_autotune: where its cache lives and how long it times (kiln/tune/gemm_tuner.hpp).
+  tune::GemmTunerOptions autotune = {};
 };
 
 namespace detail {
@@ -89,6 +107,13 @@ class Step {
   using space = typename Model::space;
   using policy_type = Policy;
   static constexpr bool eager = std::is_same_v<typename Policy::stance, stance::force_eager>;
+  // The kernels the optimizer and assignments run (the recompile stances run fused ones).
+  using kernel_stance = stance::kernels_of<typename Policy::stance>;
+  using mode_type = typename Policy::mode;
+  // Whether steps are captured and replayed here (mode::reduce_overhead on the CPU).
+  static constexpr bool captures = Policy::mode::captures && std::is_same_v<space, host>;
+  // Whether GEMMs are autotuned here (mode::max_autotune on the CPU).
+  static constexpr bool autotunes = Policy::mode::autotunes && std::is_same_v<space, host>;
   static constexpr bool scales_loss = Policy::loss_scaling::on;
   static constexpr bool mixed = Policy::precision::mixed;
   // The type GEMM inputs and saved activations are stored in (float unless mixed).
@@ -103,7 +128,8 @@ class Step {
         options_(options),
         tape_(exec, {.force_eager = eager}),
         scaler_(with_enabled(options.scaler, scales_loss)),
-        window_(Shape{options.loss_window}) {
+        window_(Shape{options.loss_window}),
+        captures_(options.max_captured_shapes) {
     if constexpr (Policy::accumulate == dyn) {
       KILN_CHECK(options.accumulate >= 1, ValueError, "train::Step: the policy takes the accumulation count at run ",
                  "time (accumulate<kiln::dyn>), so StepOptions::accumulate must be >= 1, got ", options.accumulate);
@@ -122,6 +148,18 @@ class Step {
                  "which ", exec.device_name(), " does not have (compute capability 8.0 or newer); use fp16_mixed");
     if constexpr (mixed) model.template refresh_low_copies<low_type>(exec);
     opt_->zero_grad(exec, /*set_to_none=*/true);
+    if constexpr (autotunes) {
+      KILN_CHECK(exec.gemm_chooser() == nullptr, ValueError, "train::Step: mode max_autotune, but the executor already ",
+                 "has a GEMM tuner (another max_autotune step on it?); give each its own executor");
+      tuner_ = std::make_unique<tune::GemmTuner>(options.autotune);
+      exec.set_gemm_chooser(tuner_.get());
+    }
+  }
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+  ~Step() {
+    if constexpr (autotunes)
+      if (tuner_ && exec_->gemm_chooser() == tuner_.get()) exec_->set_gemm_chooser(nullptr);
   }
 
   // The learning rate of optimizer step k is schedule.lr(k) (schedules count optimizer steps, not
@@ -160,37 +198,27 @@ class Step {
   ag::Var<float, space> run(const float* features, const std::int32_t* labels, index_t rows, index_t dim) {
     KILN_CHECK(dim == Model::in_features, ShapeError, "train::Step: the batch has ", dim,
                " features per row but the model's input size is ", Model::in_features);
+    KILN_CHECK(rows >= 0, ShapeError, "train::Step: the batch has ", rows, " rows");
     if (micro_batches_ % accumulate_ == 0 && record_next_) start_recording();
-    input_.value().resize(Shape{rows, Model::in_features});
-    if constexpr (mixed) {
-      exec_->for_each_element(1, rows * dim, nn::detail::RoundCopy<float, low_type>{features, input_.value().data()},
-                              kind::copy, "round_input", std::size_t(rows * dim) * (sizeof(float) + sizeof(low_type)));
-    } else {
-      exec_->copy(input_.value().data(), features, std::size_t(rows * dim) * sizeof(float));
+    std::optional<ag::Var<float, space>> loss;
+    if constexpr (captures) {
+      if (!ag::detect_anomaly()) loss = captured_step(features, labels, rows);
     }
-    ag::Var<float, space> loss = [&] {
-      try {
-        auto output = model_->forward(tape_, input_);
-        auto l = loss_fn_(tape_, output, labels);
-        exec_->copy(window_.data() + window_next_, l.value().data(), sizeof(float));
-        window_next_ = (window_next_ + 1) % options_.loss_window;
-        if (window_used_ == options_.loss_window) ++losses_dropped_;
-        else ++window_used_;
-        tape_.backward(l, {.seed = 1.0 / double(accumulate_), .seed_scale = scales_loss ? scaler_.scale_ptr() : nullptr});
-        return l;
-      } catch (const NumericError& e) {
-        if (!ag::detect_anomaly()) throw;
-        // Anomaly mode (autograd/anomaly.hpp) names the layer; this says when.
-        throw NumericError(kiln::detail::concat(e.what(), "; in optimizer step ", optimizer_steps_ + 1,
-                                                ", micro-batch ", micro_batches_ + 1));
-      }
-    }();
+    if (!loss) {  // not captured: through the tape
+      copy_input(input_, features, rows);
+      loss = forward_backward(input_, labels);
+      if constexpr (captures) ++captures_.counts().eager_steps;
+    }
+    exec_->copy(window_.data() + window_next_, loss->value().data(), sizeof(float));
+    window_next_ = (window_next_ + 1) % options_.loss_window;
+    if (window_used_ == options_.loss_window) ++losses_dropped_;
+    else ++window_used_;
     ++micro_batches_;
     if (options_.after_backward) options_.after_backward(micro_batches_);
     stepped_ = micro_batches_ % accumulate_ == 0;
     if (stepped_) optimizer_step();
     if (stepped_ && recording_) stop_recording(rows);
-    return loss;
+    return *loss;
   }
 
   // Records what the executor launches during the next whole optimizer step (its names, kinds
@@ -230,6 +258,42 @@ class Step {
   // taken (kiln/train/checkpoint.hpp), since gradients are then none and need no saving.
   bool at_step_boundary() const { return micro_batches_ % accumulate_ == 0; }
 
+  // mode::max_autotune: the tuner (null in other modes).
+  const tune::GemmTuner* tuner() const { return tuner_.get(); }
+
+  // mode::reduce_overhead: the captures (shape, position, launches, replays) and the counts of
+  // captured, replayed and eager steps; forget_captures() drops them (the next step at each shape
+  // captures again). Parameters that moved or changed their trainable flag are noticed without it.
+  const Captures<Input>& captures_made() const { return captures_; }
+
+  // What the mode did, a line or more for the end of a run: under reduce_overhead the captured
+  // shapes, replayed / captured / eager steps and the first capture that could not be replayed
+  // (and why); under max_autotune each GEMM shape's choice against the heuristic's.
+  std::string mode_report() const {
+    std::string out = std::string("mode ") + mode_type::name;
+    if constexpr (captures) {
+      const CaptureCounts& n = captures_.counts();
+      out += kiln::detail::concat(": captured shapes ", captures_.shapes(Model::in_features), "; ", n.replays,
+                                  " micro-batches replayed, ", n.captured_steps, " captured, ", n.eager_steps,
+                                  " through the tape\n");
+      for (const auto& c : captures_.all())
+        if (!c->graph.replayable())
+          out += kiln::detail::concat("  [", c->rows, ", ", Model::in_features, "] runs through the tape at every step: ",
+                                      c->graph.not_replayable(), " is not captured on the CPU (a replay would skip it)\n");
+    } else if constexpr (autotunes) {
+      const auto& path = tuner_->cache().path();
+      out += kiln::detail::concat(": ", tuner_->tuned() + tuner_->reused(), " GEMM shapes, ", tuner_->tuned(),
+                                  " timed now, ", tuner_->reused(), " read from the cache",
+                                  path.empty() ? std::string(" (no cache)") : " " + path, "\n", tuner_->report());
+    } else if constexpr (mode_type::captures || mode_type::autotunes) {
+      out += ": not built for this executor yet (ran as default)\n";
+    } else {
+      out += "\n";
+    }
+    return out;
+  }
+  void forget_captures() { captures_.clear(); }
+
   // Continues a run from a checkpoint, after its model, optimizer and scaler state were loaded
   // (train::load_checkpoint calls this): the counts become the checkpoint's, the schedule's rate
   // is that of the next optimizer step, bf16 / f16 weight copies are rounded from the loaded
@@ -243,6 +307,7 @@ class Step {
     micro_batches_ = micro_batches;
     optimizer_steps_ = optimizer_steps;
     stepped_ = false;
+    captures_.clear();
     window_used_ = window_next_ = 0;
     if (schedule_) opt_->set_lr(schedule_(optimizer_steps_));
     if constexpr (mixed) model_->template refresh_low_copies<low_type>(*exec_);
@@ -263,6 +328,9 @@ class Step {
     out += scales_loss ? "dynamic" : "off";
     if (scales_loss && !std::is_same_v<P, precision::fp16_mixed>)
       out += " (allowed, but pointless with float's exponent range)";
+    out += std::string(", mode ") + mode_type::name;
+    if ((mode_type::captures && !captures) || (mode_type::autotunes && !autotunes))
+      out += " (not built for this executor yet: runs as default)";
     return out;
   }
 
@@ -310,15 +378,84 @@ class Step {
     exec_->stats().set_recording(was_recording_);
   }
 
+  // The batch into `in` (rounded to the low type under mixed precision): one launch.
+  void copy_input(Input& in, const float* features, index_t rows) {
+    const index_t n = rows * Model::in_features;
+    in.value().resize(Shape{rows, Model::in_features});
+    if constexpr (mixed) {
+      exec_->for_each_element(1, n, nn::detail::RoundCopy<float, low_type>{features, in.value().data()}, kind::copy,
+                              "round_input", std::size_t(n) * (sizeof(float) + sizeof(low_type)));
+    } else {
+      exec_->copy(in.value().data(), features, std::size_t(n) * sizeof(float));
+    }
+  }
+
+  // Forward, loss and backward through the tape.
+  ag::Var<float, space> forward_backward(Input& in, const std::int32_t* labels) {
+    try {
+      auto output = model_->forward(tape_, in);
+      auto l = loss_fn_(tape_, output, labels);
+      tape_.backward(l, {.seed = 1.0 / double(accumulate_), .seed_scale = scales_loss ? scaler_.scale_ptr() : nullptr});
+      return l;
+    } catch (const NumericError& e) {
+      if (!ag::detect_anomaly()) throw;
+      // Anomaly mode (autograd/anomaly.hpp) names the layer; this says when.
+      throw NumericError(kiln::detail::concat(e.what(), "; in optimizer step ", optimizer_steps_ + 1,
+                                              ", micro-batch ", micro_batches_ + 1));
+    }
+  }
+
+  // mode::reduce_overhead: replays this shape's capture, or captures it; returns nothing when
+  // the step is to run eagerly (stance::eager_on_recompile, or a capture that cannot be replayed).
+  std::optional<ag::Var<float, space>> captured_step(const float* features, const std::int32_t* labels, index_t rows) {
+    const index_t position = micro_batches_ % accumulate_;
+    Capture<Input>* c = captures_.find(rows, position);
+    if (c && !c->graph.replayable()) return std::nullopt;
+    if (c && c->params.matches(*model_)) {
+      copy_input(c->input, features, rows);
+      exec_->copy(c->labels.data(), labels, std::size_t(rows) * sizeof(std::int32_t));
+      c->graph.replay();
+      const optim::ParamTable& table = opt_->table();
+      for (index_t k = 0; k < table.count(); ++k)
+        if (bool* flag = table[k].has_grad) *flag = c->grads_after[std::size_t(k)];
+      ++c->replays;
+      ++captures_.counts().replays;
+      return c->loss;
+    }
+    if (!c && !captures_.template admit<typename Policy::stance>(rows, Model::in_features)) return std::nullopt;
+    // Capture: the batch into the capture's own buffers first (not part of the graph: a replay
+    // copies the next batch there), then forward and backward with every launch kept.
+    Capture<Input>& fresh = captures_.add(rows, position);
+    copy_input(fresh.input, features, rows);
+    fresh.labels.resize(Shape{rows});
+    exec_->copy(fresh.labels.data(), labels, std::size_t(rows) * sizeof(std::int32_t));
+    exec_->begin_capture(fresh.graph);
+    try {
+      fresh.loss = forward_backward(fresh.input, fresh.labels.data());
+    } catch (...) {
+      exec_->end_capture();
+      captures_.remove(rows, position);  // the next step at this shape tries again
+      throw;
+    }
+    exec_->end_capture();
+    const optim::ParamTable& table = opt_->table();
+    fresh.grads_after.resize(std::size_t(table.count()));
+    for (index_t k = 0; k < table.count(); ++k) fresh.grads_after[std::size_t(k)] = table[k].has_gradient();
+    fresh.params = detail::ParamSignature::of(*model_);
+    ++captures_.counts().captured_steps;
+    return fresh.loss;
+  }
+
   void optimizer_step() {
     const optim::StepGuard guard{scales_loss ? scaler_.found_inf_ptr() : nullptr};
     if constexpr (scales_loss) scaler_.unscale_and_check(opt_->table(), *exec_);
-    opt_->template step<typename Policy::stance>(*exec_, guard);
+    opt_->template step<kernel_stance>(*exec_, guard);
     if constexpr (scales_loss) scaler_.update(*exec_);
     if constexpr (mixed) model_->template refresh_low_copies<low_type>(*exec_);
     opt_->zero_grad(*exec_, /*set_to_none=*/true);
     ++optimizer_steps_;
     if (schedule_) opt_->set_lr(schedule_(optimizer_steps_));
+    if constexpr (autotunes) tuner_->save();  // only when something new was timed
   }
 
   Model* model_;
@@ -330,6 +467,8 @@ class Step {
   GradScaler<space> scaler_;
   Input input_;
   Tensor<float, space, dyn> window_;  // a ring: the latest loss_window losses
+  Captures<Input> captures_;
+  std::unique_ptr<tune::GemmTuner> tuner_;  // mode::max_autotune on the CPU
   index_t window_used_ = 0, window_next_ = 0, losses_dropped_ = 0;
   index_t accumulate_ = 1;
   index_t micro_batches_ = 0;

@@ -2,12 +2,16 @@
 //
 // The loop over a flat (all-contiguous) expression is a plain indexed loop the compiler
 // vectorises; OpenMP splits it across threads when it is large enough to pay for the fork.
-// Everything the executor runs is counted in its LaunchStats.
+// Everything the executor runs is counted in its LaunchStats, and goes through launch(): while a
+// training step is captured (mode::reduce_overhead, kiln/backend/cpu/step_graph.hpp) each launch
+// is also kept, with its arguments, to be run again on the same buffers.
 #pragma once
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/config.hpp"
@@ -20,6 +24,7 @@
 #include "kiln/expr/reduce_ops.hpp"
 #include "kiln/backend/cpu/epilogue.hpp"
 #include "kiln/backend/cpu/gemm.hpp"
+#include "kiln/backend/cpu/step_graph.hpp"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -50,8 +55,49 @@ class CpuExecutor {
   static std::string device_name() { return "the CPU"; }
   // Copies `bytes` within host memory (no kernel is counted).
   void copy(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) std::memcpy(dst, src, bytes);
+    if (bytes) launch("copy", [dst, src, bytes](std::string_view) { std::memcpy(dst, src, bytes); });
   }
+
+  // Runs f(name) now, as one launch. While a step is captured (begin_capture) a copy of f is also
+  // kept in the graph, and StepGraph::replay() runs it again: so f must capture by value, and
+  // every buffer it touches must outlive the graph at its address (the capture's pool sees to
+  // the buffers allocated during the capture). Launches inside a launch are part of it.
+  template <class F>
+  void launch(std::string_view name, const F& f) {
+    if (capture_ && depth_ == 0) capture_->add(name, f);
+    struct Depth {
+      CpuExecutor* e;
+      explicit Depth(CpuExecutor* x) : e(x) {
+        if (e->depth_++ == 0) e->stats_.set_in_launch(true);
+      }
+      ~Depth() {
+        if (--e->depth_ == 0) e->stats_.set_in_launch(false);
+      }
+    } depth(this);
+    f(name);
+  }
+  // From here until end_capture(), launches are kept in `graph` and host allocations on this
+  // thread come from its pool (kiln/core/host_graph_pool.hpp).
+  // throws: ValueError when a capture is already under way.
+  void begin_capture(cpu::StepGraph& graph) {
+    KILN_CHECK(capture_ == nullptr, ValueError, "CpuExecutor::begin_capture: a capture is already under way");
+    capture_ = &graph;
+    stats_.watch_capture(true);
+    detail::capturing_host_pool() = &graph.pool();
+  }
+  // Ends the capture; the graph is not replayable when a launch was counted outside launch().
+  void end_capture() {
+    if (!capture_) return;
+    capture_->set_not_replayable(stats_.uncaptured());
+    stats_.watch_capture(false);
+    detail::capturing_host_pool() = nullptr;
+    capture_ = nullptr;
+  }
+  bool capturing() const { return capture_ != nullptr; }
+
+  // mode::max_autotune: every GEMM asks `chooser` for its tuning (null: the heuristics).
+  void set_gemm_chooser(cpu::GemmChooser* chooser) { chooser_ = chooser; }
+  cpu::GemmChooser* gemm_chooser() const { return chooser_; }
 
   static int hardware_threads() {
 #if defined(_OPENMP)
@@ -84,6 +130,22 @@ class CpuExecutor {
   // dst = ev over dst's 2-D fold, as one "kernel".
   template <class T, class Ext, class Ev>
   void elementwise(const View<T, host, Ext>& dst, const Ev& ev, const std::string& name) {
+    launch(name, [this, dst, ev](std::string_view nm) { elementwise_now(dst, ev, nm); });
+  }
+
+  // Runs kernel(r, c) for every element of a [rows, cols] fold as one "kernel" of kind k.
+  // The kernel must only write locations owned by its element (parallel execution).
+  template <class Kernel>
+  void for_each_element(index_t rows, index_t cols, const Kernel& kernel, const char* k, const std::string& name,
+                        std::size_t bytes) {
+    launch(name, [this, rows, cols, kernel, k, bytes](std::string_view nm) {
+      for_each_element_now(rows, cols, kernel, k, nm, bytes);
+    });
+  }
+
+ private:
+  template <class T, class Ext, class Ev>
+  void elementwise_now(const View<T, host, Ext>& dst, const Ev& ev, std::string_view name) {
     const Shape& s = dst.shape();
     const index_t n = s.size();
     stats_.count(kind::elementwise, name, n, std::size_t(n) * sizeof(T));
@@ -140,11 +202,9 @@ class CpuExecutor {
     }
   }
 
-  // Runs kernel(r, c) for every element of a [rows, cols] fold as one "kernel" of kind k.
-  // The kernel must only write locations owned by its element (parallel execution).
   template <class Kernel>
-  void for_each_element(index_t rows, index_t cols, const Kernel& kernel, const char* k, const std::string& name,
-                        std::size_t bytes) {
+  void for_each_element_now(index_t rows, index_t cols, const Kernel& kernel, const char* k, std::string_view name,
+                            std::size_t bytes) {
     stats_.count(k, name, rows * cols, bytes);
     if (rows == 1) {
       parallel_for(cols, grain, [&](index_t cb, index_t ce) {
@@ -158,17 +218,26 @@ class CpuExecutor {
     });
   }
 
+ public:
   // C = alpha·op(A)·op(B) + beta·C, row-major (see kiln/backend/cpu/gemm.hpp). C is float (the
   // accumulation type) or T; a half-precision C is rounded once from the float result.
   template <class T, class C>
   void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
             index_t ldb, float beta, C* c, index_t ldc) {
-    stats_.count(kind::gemm, "gemm", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
+    const std::size_t bytes = std::size_t(m * k + k * n + m * n) * sizeof(T);
     if constexpr (std::is_same_v<C, cpu::gemm_acc_t<T>>) {
-      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      launch("gemm", [=, this](std::string_view nm) {
+        stats_.count(kind::gemm, nm, m * n, bytes);
+        run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      });
     } else {
       static_assert(std::is_same_v<C, T>, "kiln: a CPU GEMM writes float or its input type");
-      run_gemm_rounded(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      auto scratch = temps_.take(std::size_t(m * n) * sizeof(cpu::gemm_acc_t<T>));
+      auto* f = static_cast<cpu::gemm_acc_t<T>*>(scratch.get());
+      launch("gemm", [=, this](std::string_view nm) {
+        stats_.count(kind::gemm, nm, m * n, bytes);
+        run_gemm_rounded(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
+      });
     }
   }
 
@@ -191,23 +260,29 @@ class CpuExecutor {
   template <class T, class Act>
   void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
             index_t ldb, float beta, T* c, index_t ldc, const BiasAct<Act, T>& ep) {
-    stats_.count(kind::gemm, bias_act_name<Act>(ep.bias != nullptr), m * n,
-                 std::size_t(m * k + k * n + 2 * m * n) * sizeof(T));
+    const std::size_t bytes = std::size_t(m * k + k * n + 2 * m * n) * sizeof(T);
     using Acc = compute_t<T>;
     T* aux = static_cast<T*>(ep.aux);
+    const auto* bias = ep.bias;
     if constexpr (std::is_same_v<T, Acc>) {
-      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      if (is_identity_act_v<Act> && !ep.bias) return;
-      parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(n, 1)), [&](index_t rb, index_t re) {
-        cpu::bias_act_rows<Act>(rb, re, n, c, ldc, c, ldc, ep.bias, aux);
+      launch(bias_act_name<Act>(bias != nullptr), [=, this](std::string_view nm) {
+        stats_.count(kind::gemm, nm, m * n, bytes);
+        run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        if (is_identity_act_v<Act> && !bias) return;
+        parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(n, 1)), [&](index_t rb, index_t re) {
+          cpu::bias_act_rows<Act>(rb, re, n, c, ldc, c, ldc, bias, aux);
+        });
       });
     } else {
       KILN_CHECK(beta == 0.f, ValueError, "a half-precision GEMM with a bias epilogue writes its output (beta must be 0)");
       auto scratch = temps_.take(std::size_t(m * n) * sizeof(Acc));
       Acc* f = static_cast<Acc*>(scratch.get());
-      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, f, n);
-      parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(n, 1)), [&](index_t rb, index_t re) {
-        cpu::bias_act_rows<Act>(rb, re, n, f, n, c, ldc, ep.bias, aux);
+      launch(bias_act_name<Act>(bias != nullptr), [=, this](std::string_view nm) {
+        stats_.count(kind::gemm, nm, m * n, bytes);
+        run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, f, n);
+        parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(n, 1)), [&](index_t rb, index_t re) {
+          cpu::bias_act_rows<Act>(rb, re, n, f, n, c, ldc, bias, aux);
+        });
       });
     }
   }
@@ -217,18 +292,25 @@ class CpuExecutor {
   void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
             index_t ldb, float beta, T* c, index_t ldc, const DAct<Act, T>& ep) {
     KILN_CHECK(beta == 0.f, ValueError, "gemm with a d", Act::name, " epilogue writes its output (beta must be 0)");
-    stats_.count(kind::gemm, dact_name<Act>(ep.dbias != nullptr), m * n,
-                 std::size_t(m * k + k * n + 3 * m * n) * sizeof(T));
+    const std::size_t bytes = std::size_t(m * k + k * n + 3 * m * n) * sizeof(T);
     using Acc = compute_t<T>;
+    const T* aux = static_cast<const T*>(ep.aux);
+    auto* dbias = ep.dbias;
+    const bool add_dbias = ep.add_dbias;
     if constexpr (std::is_same_v<T, Acc>) {
-      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
-      run_dact<Act>(m, n, c, ldc, static_cast<const T*>(ep.aux), c, ldc, false, ep.dbias, ep.add_dbias);
+      launch(dact_name<Act>(dbias != nullptr), [=, this](std::string_view nm) {
+        stats_.count(kind::gemm, nm, m * n, bytes);
+        run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
+        run_dact<Act>(m, n, c, ldc, aux, c, ldc, false, dbias, add_dbias);
+      });
     } else {
       auto scratch = temps_.take(std::size_t(m * n) * sizeof(Acc));
       Acc* f = static_cast<Acc*>(scratch.get());
-      run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, f, n);
-      run_dact<Act>(m, n, static_cast<const Acc*>(f), n, static_cast<const T*>(ep.aux), c, ldc, false, ep.dbias,
-                    ep.add_dbias);
+      launch(dact_name<Act>(dbias != nullptr), [=, this](std::string_view nm) {
+        stats_.count(kind::gemm, nm, m * n, bytes);
+        run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, f, n);
+        run_dact<Act>(m, n, static_cast<const Acc*>(f), n, aux, c, ldc, false, dbias, add_dbias);
+      });
     }
   }
 
@@ -238,12 +320,23 @@ class CpuExecutor {
   void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
             index_t ldb, float beta, C* c, index_t ldc, const BGradA<T>& ep) {
     KILN_CHECK(ta, ValueError, "gemm with a bgrada epilogue needs a transposed A (its rows are summed over k)");
-    stats_.count(kind::gemm, "gemm+bgrada", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
-    if constexpr (std::is_same_v<C, cpu::gemm_acc_t<T>>) run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    else run_gemm_rounded(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (!ep.dbias) return;
-    parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(k, 1)), [&](index_t cb, index_t ce) {
-      cpu::col_sums(k, cb, ce, a, lda, ep.dbias, ep.add_dbias);
+    const std::size_t bytes = std::size_t(m * k + k * n + m * n) * sizeof(T);
+    auto* dbias = ep.dbias;
+    const bool add_dbias = ep.add_dbias;
+    TempPool<host>::Buffer scratch;
+    cpu::gemm_acc_t<T>* f = nullptr;
+    if constexpr (!std::is_same_v<C, cpu::gemm_acc_t<T>>) {
+      scratch = temps_.take(std::size_t(m * n) * sizeof(cpu::gemm_acc_t<T>));
+      f = static_cast<cpu::gemm_acc_t<T>*>(scratch.get());
+    }
+    launch("gemm+bgrada", [=, this](std::string_view nm) {
+      stats_.count(kind::gemm, nm, m * n, bytes);
+      if constexpr (std::is_same_v<C, cpu::gemm_acc_t<T>>) run_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      else run_gemm_rounded(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, f);
+      if (!dbias) return;
+      parallel_for(m, std::max<index_t>(1, grain / std::max<index_t>(k, 1)), [&](index_t cb, index_t ce) {
+        cpu::col_sums(k, cb, ce, a, lda, dbias, add_dbias);
+      });
     });
   }
 
@@ -254,8 +347,11 @@ class CpuExecutor {
   void dact(index_t m, index_t n, const T* g, const void* aux, const T* out, T* d, bool add_d, compute_t<T>* dbias,
             bool add_dbias) {
     (void)out;
-    stats_.count(kind::elementwise, "dact", m * n, std::size_t(3 * m * n) * sizeof(T));
-    run_dact<Act>(m, n, g, n, static_cast<const T*>(aux), d, n, add_d, dbias, add_dbias);
+    const T* z = static_cast<const T*>(aux);
+    launch("dact", [=, this](std::string_view nm) {
+      stats_.count(kind::elementwise, nm, m * n, std::size_t(3 * m * n) * sizeof(T));
+      run_dact<Act>(m, n, g, n, z, d, n, add_d, dbias, add_dbias);
+    });
   }
 
   // Reduces ev over each row (per_row: out[r] for r < rows) or over everything (out[0]).
@@ -266,6 +362,19 @@ class CpuExecutor {
   void reduce(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate = false) {
     using T = typename Ev::value_type;
     using Acc = typename Op::template acc_t<T>;
+    static_assert(std::is_trivially_copyable_v<Acc> && std::is_trivially_destructible_v<Acc>);
+    const index_t n = rows * cols;
+    const index_t blocks = per_row ? 0 : ev.flat_ok() ? (n + reduce_block - 1) / reduce_block : rows;
+    TempPool<host>::Buffer scratch;
+    if (!per_row) scratch = temps_.take(std::size_t(std::max<index_t>(blocks, 1)) * sizeof(Acc));
+    Acc* partial = static_cast<Acc*>(scratch.get());
+    launch(Op::name, [=, this](std::string_view) { reduce_now<Op>(out, ev, rows, cols, per_row, accumulate, partial); });
+  }
+
+ private:
+  template <class Op, class R, class Ev, class Acc>
+  void reduce_now(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate, Acc* partial) {
+    using T = typename Ev::value_type;
     const index_t n = rows * cols;
     stats_.count(kind::reduce, Op::name, n, std::size_t(n) * sizeof(T));
     if (per_row) {
@@ -281,24 +390,25 @@ class CpuExecutor {
     const bool flat = ev.flat_ok();
     const index_t block = flat ? reduce_block : std::max<index_t>(cols, 1);
     const index_t blocks = flat ? (n + block - 1) / block : rows;
-    std::vector<Acc> partial(std::size_t(std::max<index_t>(blocks, 1)), Op::template init<T>());
+    std::uninitialized_fill_n(partial, std::max<index_t>(blocks, 1), Op::template init<T>());
     parallel_for(blocks, std::max<index_t>(1, grain / block), [&](index_t bb, index_t be) {
       const Ev local = ev;
       for (index_t k = bb; k < be; ++k) {
         if (flat) {
           const index_t b = k * block, e = std::min(n, b + block);
-          partial[std::size_t(k)] = pairwise<Op, T>([&](index_t i) { return local.flat(i); }, b, e);
+          partial[k] = pairwise<Op, T>([&](index_t i) { return local.flat(i); }, b, e);
         } else {
           Acc a = pairwise<Op, T>([&](index_t c) { return local.at(k, c); }, 0, cols);
           if constexpr (requires { a.i; }) a.i = a.i < 0 ? a.i : a.i + k * cols;  // row index -> flat index
-          partial[std::size_t(k)] = a;
+          partial[k] = a;
         }
       }
     });
-    const auto v = Op::finish(merge_tree<Op, T>(partial.data(), 0, index_t(partial.size())), n);
+    const auto v = Op::finish(merge_tree<Op, T>(partial, 0, std::max<index_t>(blocks, 1)), n);
     red::store(out[0], v, accumulate);
   }
 
+ public:
   // Elements per block of a whole-tensor reduction: fixed, so results are reproducible.
   static constexpr index_t reduce_block = index_t(1) << 14;
 
@@ -340,17 +450,20 @@ class CpuExecutor {
   void run_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda, const T* b,
                 index_t ldb, float beta, C* c, index_t ldc) const {
     using Acc = cpu::gemm_acc_t<T>;
-    cpu::gemm<T>(ta ? cpu::trans::yes : cpu::trans::no, tb ? cpu::trans::yes : cpu::trans::no, m, n, k, Acc(alpha),
-                 a, lda, b, ldb, Acc(beta), c, ldc, threads_);
+    const auto at = ta ? cpu::trans::yes : cpu::trans::no, bt = tb ? cpu::trans::yes : cpu::trans::no;
+    if (chooser_) {
+      const cpu::gemm_tuning tuning = chooser_->choose(cpu::gemm_type_of<T>, ta, tb, m, n, k, threads_);
+      cpu::gemm_tuned<T>(at, bt, m, n, k, Acc(alpha), a, lda, b, ldb, Acc(beta), c, ldc, threads_, tuning);
+      return;
+    }
+    cpu::gemm<T>(at, bt, m, n, k, Acc(alpha), a, lda, b, ldb, Acc(beta), c, ldc, threads_);
   }
   // C (T's compute type, or T) = alpha·op(A)·op(B) + beta·C through a float scratch buffer: a
   // half-precision output is rounded once, from the float result.
   template <class T, class C>
   void run_gemm_rounded(bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const T* a, index_t lda,
-                        const T* b, index_t ldb, float beta, C* c, index_t ldc) {
+                        const T* b, index_t ldb, float beta, C* c, index_t ldc, cpu::gemm_acc_t<T>* f) {
     using Acc = cpu::gemm_acc_t<T>;
-    auto scratch = temps_.take(std::size_t(m * n) * sizeof(Acc));
-    Acc* f = static_cast<Acc*>(scratch.get());
     if (beta != 0.f)
       for (index_t i = 0; i < m; ++i)
         for (index_t j = 0; j < n; ++j) f[i * n + j] = convert<Acc>(c[i * ldc + j]);
@@ -370,6 +483,9 @@ class CpuExecutor {
   bool allow_tf32_ = false;
   LaunchStats stats_;
   TempPool<host> temps_;
+  cpu::StepGraph* capture_ = nullptr;  // the graph being captured, if any
+  cpu::GemmChooser* chooser_ = nullptr;  // mode::max_autotune's tuner, if any
+  int depth_ = 0;                      // launches under way (a launch may run others)
 };
 
 template <>

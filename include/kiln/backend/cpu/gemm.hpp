@@ -109,7 +109,9 @@ namespace detail {
 template <class T>
 void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m, index_t n,
                    index_t k, gemm_acc_t<T> alpha, const T* a, index_t lda, const T* b, index_t ldb,
-                   gemm_acc_t<T> beta, gemm_acc_t<T>* c, index_t ldc, int threads) {
+                   gemm_acc_t<T> beta, gemm_acc_t<T>* c, index_t ldc, int threads,
+                   const gemm_tuning& tuning = {}) {
+  use_cblas = use_cblas || tuning.cblas;
   const bool at = ta == trans::yes, bt = tb == trans::yes;
   check_gemm_args(fn, at, bt, m, n, k, a, lda, b, ldb, c, ldc, threads);
 #if defined(KILN_HAVE_CBLAS)
@@ -129,14 +131,54 @@ void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m
 #if KILN_GEMM_BF16_NATIVE
   if constexpr (std::is_same_v<T, bf16>) {
     if (current_gemm_bf16_path() == gemm_bf16_path::native) {
-      gemm_blocked<gemm_kernel_bf16>(g, threads);
+      gemm_blocked<gemm_kernel_bf16>(g, threads, tuning);
       return;
     }
   }
 #endif
-  gemm_blocked<gemm_kernel_fp<T, gemm_acc_t<T>>>(g, threads);
+  gemm_blocked<gemm_kernel_fp<T, gemm_acc_t<T>>>(g, threads, tuning);
 }
 }  // namespace detail
+
+// Run-time choices for one product (see detail::gemm_tuning); mode::max_autotune picks them.
+using detail::gemm_tuning;
+
+// Who picks the tuning of each product an executor runs (mode::max_autotune's tuner,
+// kiln/tune/gemm_tuner.hpp); CpuExecutor::set_gemm_chooser installs one.
+enum class gemm_type { f32, f64, f16, bf16 };
+template <class T>
+inline constexpr gemm_type gemm_type_of = std::is_same_v<T, float>    ? gemm_type::f32
+                                          : std::is_same_v<T, double> ? gemm_type::f64
+                                          : std::is_same_v<T, bf16>   ? gemm_type::bf16
+                                                                      : gemm_type::f16;
+class GemmChooser {
+ public:
+  virtual gemm_tuning choose(gemm_type type, bool ta, bool tb, index_t m, index_t n, index_t k, int threads) = 0;
+
+ protected:
+  ~GemmChooser() = default;
+};
+
+// Block extents and register tile of kiln's own kernel for inputs of type T (the autotuner's
+// candidates are built around them).
+template <class T>
+struct gemm_shape_facts {
+  index_t kc, kstep;
+  int mr, nr;
+  bool prefers_transposed;  // the heuristic's orientation for an m x n product
+};
+template <class T>
+gemm_shape_facts<T> gemm_facts(index_t m, index_t n) {
+#if KILN_GEMM_BF16_NATIVE
+  if constexpr (std::is_same_v<T, bf16>)
+    if (current_gemm_bf16_path() == gemm_bf16_path::native) {
+      using K = detail::gemm_kernel_bf16;
+      return {K::kc, K::kstep, K::mr, K::nr, detail::prefer_transposed<K>(m, n)};
+    }
+#endif
+  using K = detail::gemm_kernel_fp<T, gemm_acc_t<T>>;
+  return {K::kc, K::kstep, K::mr, K::nr, detail::prefer_transposed<K>(m, n)};
+}
 
 // The packing workspace kiln's own GEMM takes for an m x n x k product of T on `threads` threads
 // (one grow-only buffer per calling thread; the memory planner counts the largest).
@@ -162,6 +204,16 @@ void gemm_own(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T>
               index_t ldc, int threads = 0) {
   detail::gemm_dispatch("kiln::cpu::gemm_own", false, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta,
                         c, ldc, threads);
+}
+
+// gemm_own with the choices `tuning` makes instead of the heuristics' (tuning.cblas: CBLAS for
+// float / double where the build has one).
+template <class T>
+void gemm_tuned(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alpha, const T* a,
+                index_t lda, const T* b, index_t ldb, gemm_acc_t<T> beta, gemm_acc_t<T>* c, index_t ldc,
+                int threads, const gemm_tuning& tuning) {
+  detail::gemm_dispatch("kiln::cpu::gemm_tuned", false, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                        threads, tuning);
 }
 
 // Same contract as gemm_own; float/double go to CBLAS when current_gemm_backend() is cblas (with

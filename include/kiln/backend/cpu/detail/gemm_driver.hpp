@@ -169,6 +169,18 @@ bool prefer_transposed(index_t m, index_t n) {
   return tile_use<K>(n, m) > 1.15 * tile_use<K>(m, n);
 }
 
+// Run-time choices for one product, which mode::max_autotune measures (kiln/tune/gemm_tuner.hpp);
+// zeros leave each to the heuristics below. Every choice gives a correct product; orientation and
+// team give the same bits (each element sums k in the same blocks), another kc sums k in other
+// blocks (the last bits may differ).
+struct gemm_tuning {
+  int orientation = 0;  // 0: prefer_transposed decides; 1: as given; 2: computed as C^T
+  int team = 0;         // 0: gemm_team_size decides; otherwise this many threads
+  index_t kc = 0;       // 0: balanced k blocks of at most K::kc; otherwise of at most this
+  bool cblas = false;   // float / double on CBLAS, where the build has one
+  bool operator==(const gemm_tuning&) const = default;
+};
+
 // Sizes of one run of the loop nest, fixed before the threads start.
 struct gemm_plan {
   index_t kc, mc, nc;  // largest block extents (k blocks and m blocks are balanced)
@@ -178,11 +190,11 @@ struct gemm_plan {
 
 // The plan of an m x n x k product (after prefer_transposed) run by `team` threads.
 template <class K>
-gemm_plan make_gemm_plan(index_t m, index_t n, index_t k, int team) {
+gemm_plan make_gemm_plan(index_t m, index_t n, index_t k, int team, index_t kc_max = K::kc) {
   gemm_plan plan{};
   plan.nc = std::min(K::nc, round_up(n, K::nr));
   // Balanced k blocks, e.g. k = 400 -> 2 x 200 rather than 256 + 144 (fp32, kc = 256).
-  plan.kc = std::min(round_up(ceil_div(k, ceil_div(k, K::kc)), K::kstep), k);
+  plan.kc = std::min(round_up(ceil_div(k, ceil_div(k, kc_max)), K::kstep), k);
   plan.mblocks = ceil_div(m, K::mc);
   plan.nsplit = 1;
   if (team > 1 && plan.mblocks >= team) {
@@ -274,16 +286,19 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
 // kiln's own GEMM on validated arguments, with the microkernel and packing of K (above).
 // requires: m, n, k >= 0, strides valid for the extents, C row-major (c_cs == 1).
 template <class K, class T, class Acc>
-void gemm_blocked(gemm_problem<T, Acc> g, int threads) {
+void gemm_blocked(gemm_problem<T, Acc> g, int threads, const gemm_tuning& tuning = {}) {
   using P = typename K::packed;
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0 || g.alpha == Acc(0)) {  // BLAS: A and B are not read when alpha == 0
     scale_c(g.m, g.n, g.beta, g.c, g.c_rs);
     return;
   }
-  if (prefer_transposed<K>(g.m, g.n)) g = transposed(g);
-  const int team = gemm_team_size(threads, g.m, g.n, g.k);
-  const gemm_plan plan = make_gemm_plan<K>(g.m, g.n, g.k, team);
+  if (tuning.orientation == 0 ? prefer_transposed<K>(g.m, g.n) : tuning.orientation == 2) g = transposed(g);
+  int team = gemm_team_size(threads, g.m, g.n, g.k);
+#ifdef _OPENMP
+  if (tuning.team > 0) team = omp_in_parallel() ? 1 : tuning.team;
+#endif
+  const gemm_plan plan = make_gemm_plan<K>(g.m, g.n, g.k, team, tuning.kc > 0 ? tuning.kc : K::kc);
 
   // Workspace: the shared B block, then one A block per thread, each 64-byte aligned.
   const index_t b_len = gemm_b_length<K>(plan), a_len = gemm_a_length<K>(plan);
