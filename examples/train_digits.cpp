@@ -256,12 +256,15 @@ int run(const Options& o, const kiln::data::Dataset& tr, const kiln::data::Datas
   auto go = [&]<class Policy>() { status = train<Space, Policy>(o, tr, te); };
   if constexpr (std::is_same_v<Space, kiln::host>) {
     kiln::select_policy<kiln::accumulate<kiln::dyn>>(o.precision, o.stance, o.mode, go);
-  } else {
-    // The modes are built for the CPU executor so far (CUDA graphs and cuBLASLt autotuning are the
-    // rest of issue 13): on a device say so rather than compile policies that would run as default.
-    KILN_CHECK(o.mode == "default", kiln::ValueError, "--mode ", o.mode, " is not built for CUDA yet (CUDA-graph ",
-               "capture and cuBLASLt autotuning are still to come); on a GPU use --mode default");
+  } else if (o.mode == "default") {
     kiln::select_policy<kiln::accumulate<kiln::dyn>>(o.precision, o.stance, go);
+  } else {
+    // On a device: CUDA graphs with the fused stance (a few policies, not every combination, to
+    // keep the CUDA build short); cuBLASLt autotuning is still to come.
+    KILN_CHECK(o.mode == "reduce_overhead" && o.stance == "fused", kiln::ValueError, "--mode ", o.mode,
+               " --stance ", o.stance, " is not built for CUDA; on a GPU the modes are default (any stance) and ",
+               "reduce_overhead (stance fused)");
+    kiln::select_precision<kiln::stance::fused, kiln::mode::reduce_overhead, kiln::accumulate<kiln::dyn>>(o.precision, go);
   }
   return status;
 }

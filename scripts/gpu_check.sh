@@ -2,8 +2,9 @@
 # The prepared GPU check for a lent H200, run from the repository root:
 #   OUT=/some/dir scripts/gpu_check.sh
 # builds for sm_90 and runs, with KILN_REQUIRE_DEVICE=1 (so nothing can "pass" by skipping):
-#   the CUDA tests; the benchmarks (train_step_cuda beside PyTorch CUDA eager, policies_cuda,
-#   fusion_cuda, kernels_cuda); train_digits and train_cnn_digits on the GPU and, for comparison,
+#   the CUDA tests; the benchmarks (train_step_cuda beside PyTorch CUDA eager, policies_cuda with
+#   the modes side by side, fusion_cuda, kernels_cuda); train_digits (also --mode reduce_overhead:
+#   CUDA graphs) and train_cnn_digits on the GPU and, for comparison,
 #   on the CPU; train_cifar (ResNet-9) at batch 512 beside PyTorch CUDA eager and compiled
 #   (bench/torch_convnet.py --device cuda); and
 #   compute-sanitizer's memcheck, racecheck and initcheck on chosen subsets of the CUDA tests.
@@ -123,6 +124,10 @@ run bench_kernels_cuda bench-kernels-cuda 60 "$OUT/bench.jsonl" "$OUT/bench.err"
 run bench_fusion_cuda bench-fusion-cuda 60 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/fusion_cuda"
 run train_digits train-digits-cuda 60 "$OUT/train_digits_cuda.log" "$OUT/train_digits_cuda.log" \
   "$BUILD/examples/train_digits" --data-dir data
+# Issue 13: the step captured as a CUDA graph and replayed (its accuracy and epoch time against
+# the line above; bench/policies_cuda has the step times side by side).
+run train_digits train-digits-graphs-cuda 60 "$OUT/train_digits_graphs_cuda.log" "$OUT/train_digits_graphs_cuda.log" \
+  "$BUILD/examples/train_digits" --data-dir data --mode reduce_overhead
 # The same binary on the CPU backend: no visible device, and no device required for this run.
 # Issue 11: 4 epochs + --resume to 10 end bit for bit where 10 epochs in one go end, on the GPU.
 run train_digits resume-cuda 60 "$OUT/resume_cuda.log" "$OUT/resume_cuda.log" \
@@ -156,10 +161,10 @@ sanitize() {
   run kiln_tests_cuda "$tool" "$cap" "$OUT/$tool.log" "$OUT/$tool.log" \
     "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 9 "$T" "$@"
 }
-sanitize memcheck 120 -sf='*test_cuda_step*,*test_cuda_nn*,*test_cuda_optim_loader*,*test_cuda_grad_scaler*,*test_cuda_kernels*,*test_cuda_rowwise*,*test_cuda_streams*,*test_cuda_linear*' \
+sanitize memcheck 120 -sf='*test_cuda_step*,*test_cuda_modes*,*test_cuda_nn*,*test_cuda_optim_loader*,*test_cuda_grad_scaler*,*test_cuda_kernels*,*test_cuda_rowwise*,*test_cuda_streams*,*test_cuda_linear*' \
   -tce='*non-blocking stream*,*waits for the kernel*,*waits for the work*,*(large)*'
 sanitize racecheck 45 -sf='*test_cuda_kernels*,*test_cuda_rowwise*' -tce='*(large)*'
-sanitize initcheck 45 -sf='*test_cuda_step*,*test_cuda_grad_scaler*'
+sanitize initcheck 45 -sf='*test_cuda_step*,*test_cuda_grad_scaler*,*test_cuda_modes*'
 
 # ---- nothing may have been skipped -------------------------------------------------------------
 if grep -l -i -E '(^|: |")skipped' "$OUT"/*.log "$OUT/bench.jsonl" > "$OUT/skipped.txt" 2> /dev/null; then
@@ -179,6 +184,8 @@ fi
   grep -h -E '"(train_step|policies|kernels|fusion|convnet)' "$OUT/bench.jsonl"
   [ -f "$OUT/train_cifar_cuda.log" ] && grep -aE '^(device:|epoch|final test accuracy)' "$OUT/train_cifar_cuda.log" |
     sed "s/^/train_cifar_cuda: /"
+  [ -f "$OUT/train_digits_graphs_cuda.log" ] && grep -aE '^(mode |final test accuracy)' \
+    "$OUT/train_digits_graphs_cuda.log" | sed "s/^/train_digits_graphs_cuda: /"
   for d in cuda cpu; do
     [ -f "$OUT/train_digits_$d.log" ] && grep -aE '^(device:|final test accuracy|[0-9.]+ kernels per training step)' \
       "$OUT/train_digits_$d.log" | sed "s/^/train_digits_$d: /"

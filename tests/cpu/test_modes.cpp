@@ -147,7 +147,7 @@ TEST_CASE("reduce_overhead: an opaque function keeps its shape eager (it runs ev
   for (int s = 0; s < 4; ++s) step(b.batch());
   CHECK(calls == 4);
   CHECK(step.captures_made().counts().replays == 0);
-  CHECK(step.mode_report().find("[6, 12] runs through the tape at every step: opaque(count_calls) is not captured") !=
+  CHECK(step.mode_report().find("[6, 12] runs through the tape at every step: opaque(count_calls) cannot be captured") !=
         std::string::npos);
 }
 

@@ -43,15 +43,29 @@ class LaunchStats {
     ++total_;
     ++by_kind_[k];
     if (recording_) records_.push_back({k, std::string(name), elements, bytes, region_});
-    if (watching_ && !in_launch_ && uncaptured_.empty()) uncaptured_ = std::string(k) + " " + std::string(name);
+    if (watching_ && launches_must_be_inside_ && !in_launch_ && uncaptured_.empty())
+      uncaptured_ = std::string(k) + " " + std::string(name);
   }
   // While an executor captures a step (mode::reduce_overhead on the CPU, kiln/backend/cpu/
   // step_graph.hpp), a launch counted outside its launch() is one a replay would not run again,
   // and so is an opaque region (set_region): the first such launch ("kind name") or region is
   // remembered, and the step is not replayed.
-  void watch_capture(bool on) {
+  // A CUDA executor captures every launch on its stream itself: only regions and host state
+  // count there (launches_must_be_inside = false).
+  void watch_capture(bool on, bool launches_must_be_inside = true) {
     watching_ = on;
+    launches_must_be_inside_ = launches_must_be_inside;
     if (on) uncaptured_.clear();
+  }
+  // A layer whose forward changes host-side state every step (dropout's random offset, batch
+  // norm's count of batches) says so: a replay would not change it, so a capture is refused.
+  void host_state(std::string_view what) {
+    if (watching_ && uncaptured_.empty()) uncaptured_ = std::string(what) + " (state kept on the host)";
+  }
+  // Drops the records from position n on (an executor that recorded a capture's launches for
+  // itself).
+  void drop_records_from(std::size_t n) {
+    if (n < records_.size()) records_.resize(n);
   }
   void set_in_launch(bool on) { in_launch_ = on; }
   const std::string& uncaptured() const { return uncaptured_; }
@@ -95,7 +109,7 @@ class LaunchStats {
   std::vector<LaunchRecord> records_;
   std::string region_;
   bool recording_ = false;
-  bool watching_ = false, in_launch_ = false;
+  bool watching_ = false, in_launch_ = false, launches_must_be_inside_ = true;
   std::string uncaptured_;
 };
 

@@ -63,6 +63,7 @@ class TempPool {
 
   Buffer take(std::size_t bytes) {
     bytes = round_up(bytes);
+    if (direct_) return Buffer(this, memory_traits<Space>::allocate(bytes), bytes, true);
     if constexpr (std::is_same_v<Space, host>)
       if (detail::capturing_host_pool()) return Buffer(this, memory_traits<Space>::allocate(bytes), bytes, true);
     for (std::size_t i = 0; i < free_.size(); ++i) {
@@ -80,6 +81,9 @@ class TempPool {
     free_.clear();
   }
   std::size_t cached_buffers() const { return free_.size(); }
+  // While on, buffers bypass the cache (a CUDA executor capturing a graph: they come from the
+  // graph's private pool and go back there).
+  void set_direct(bool on) { direct_ = on; }
 
  private:
   static std::size_t round_up(std::size_t b) { return (b + 255) / 256 * 256; }
@@ -87,6 +91,7 @@ class TempPool {
     if (p) free_.emplace_back(bytes, p);
   }
   std::vector<std::pair<std::size_t, void*>> free_;
+  bool direct_ = false;
 };
 
 }  // namespace kiln

@@ -194,6 +194,7 @@ class BatchNorm2d {
         K::train_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
                                        momentum_, buf.running_mean.data(), buf.running_var.data(), out.value().data(),
                                        saved->data(), saved->data() + C, threads, Act{});
+        tape.exec().stats().host_state("batch norm's count of batches");
         ++buf.batches_tracked;
       } else {
         K::eval_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
@@ -271,6 +272,7 @@ class BatchNorm2d {
                                   detail::BnStatsRows<T>{x.value().data(), mean, invstd, buf.running_mean.data(),
                                                          buf.running_var.data(), ix, m, eps_, momentum_},
                                   "batch_norm_stats", bytes / 2);
+      exec.stats().host_state("batch norm's count of batches");
       ++buf.batches_tracked;
     } else {
       exec.for_each_element(1, C,

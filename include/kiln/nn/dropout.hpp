@@ -364,6 +364,7 @@ class Dropout {
   template <class Exec, class T, class S, index_t... D>
   ag::Var<T, S, D...> forward(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {
     if (!training_) return x;
+    tape.exec().stats().host_state("dropout's random offset");
     auto y = dropout(tape, x, p_, seed_, offset_, true);
     offset_ += std::uint64_t(x.value().size());
     return y;

@@ -45,6 +45,13 @@ void select_precision(tag_list<Fixed...>, tag_list<P, Ps...>, std::string_view n
 template <class... Fixed, class F>
 void select_policy(std::string_view precision_name, std::string_view stance_name, F&& f);
 
+// Only the precision chosen by name: policy<Precision, Stance, Fixed...>.
+template <class Stance, class... Fixed, class F>
+void select_precision(std::string_view precision_name, F&& f) {
+  using all = policy_detail::tag_list<precision::fp32, precision::tf32, precision::bf16_mixed, precision::fp16_mixed>;
+  policy_detail::select_precision<Stance>(policy_detail::tag_list<Fixed...>{}, all{}, precision_name, f);
+}
+
 // The same with a mode: policy<Precision, Stance, Mode, Fixed...> (see the header comment).
 template <class... Fixed, class F>
 void select_policy(std::string_view precision_name, std::string_view stance_name, std::string_view mode_name,

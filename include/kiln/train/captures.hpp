@@ -1,8 +1,9 @@
-// kiln/train/captures.hpp — the captured steps of mode::reduce_overhead on the CPU, one per batch
-// shape and micro-batch position, and the stance's answer to a shape not seen before.
+// kiln/train/captures.hpp — the captured steps of mode::reduce_overhead, one per batch shape and
+// micro-batch position, and the stance's answer to a shape not seen before.
 //
-// train::Step owns one. A capture holds what a replay needs at fixed addresses: the graph
-// (kiln/backend/cpu/step_graph.hpp), the static input and label buffers a batch is copied into,
+// train::Step owns one. A capture holds what a replay needs at fixed addresses: the graph (the
+// executor's step_graph: kiln/backend/cpu/step_graph.hpp, kiln/backend/cuda/step_graph.cuh),
+// the static input and label buffers a batch is copied into,
 // the loss variable the graph writes, and which parameters hold a gradient after it (a replay
 // skips the autograd, so it sets those flags itself). It also keeps the parameters' addresses and
 // trainable flags at capture: a model whose parameters moved or were frozen since is captured
@@ -66,24 +67,36 @@ struct ParamSignature {
 
 }  // namespace detail
 
-template <class Input>
+// The graph type an executor captures into (cpu::StepGraph where it names none).
+template <class Exec, class = void>
+struct step_graph_of {
+  using type = cpu::StepGraph;
+};
+template <class Exec>
+struct step_graph_of<Exec, std::void_t<typename Exec::step_graph>> {
+  using type = typename Exec::step_graph;
+};
+
+template <class Input, class Graph = cpu::StepGraph>
 struct Capture {
   using space = typename Input::space;
   index_t rows = 0, position = 0;
-  cpu::StepGraph graph;
+  // False while the shape is warming up (an executor whose capture does not run the step, CUDA,
+  // runs it once eagerly first); true once captured, replayable or not.
+  bool captured = false;
+  Graph graph;
   Input input;  // the batch's features are copied here before each replay
   Tensor<std::int32_t, space, dyn> labels;
   ag::Var<float, space> loss;
   std::vector<bool> grads_after;  // per optimizer-table slot: holds a gradient after the step
   detail::ParamSignature params;
   index_t replays = 0;
-  bool stale = false;  // the model changed since: captured again at the next step
 };
 
-template <class Input>
+template <class Input, class Graph = cpu::StepGraph>
 class Captures {
  public:
-  using capture_type = Capture<Input>;
+  using capture_type = Capture<Input, Graph>;
 
   explicit Captures(index_t max_shapes) : max_shapes_(max_shapes) {
     KILN_CHECK(max_shapes >= 1, ValueError, "train::StepOptions::max_captured_shapes must be >= 1, got ", max_shapes);
@@ -120,7 +133,7 @@ class Captures {
   }
 
   capture_type& add(index_t rows, index_t position) {
-    // A stale capture of this key is replaced (its pool lives on until its blocks are back).
+    // A capture of this key is replaced (its pool lives on until its blocks are back).
     for (auto& c : all_)
       if (c->rows == rows && c->position == position) {
         c = std::make_unique<capture_type>();

@@ -110,8 +110,10 @@ class Step {
   // The kernels the optimizer and assignments run (the recompile stances run fused ones).
   using kernel_stance = stance::kernels_of<typename Policy::stance>;
   using mode_type = typename Policy::mode;
-  // Whether steps are captured and replayed here (mode::reduce_overhead on the CPU).
-  static constexpr bool captures = Policy::mode::captures && std::is_same_v<space, host>;
+  // Whether steps are captured and replayed here (mode::reduce_overhead on an executor that
+  // captures: the CPU's and CUDA's).
+  static constexpr bool captures = Policy::mode::captures && requires { typename Exec::step_graph; };
+  using graph_type = typename step_graph_of<Exec>::type;
   // Whether GEMMs are autotuned here (mode::max_autotune on the CPU).
   static constexpr bool autotunes = Policy::mode::autotunes && std::is_same_v<space, host>;
   static constexpr bool scales_loss = Policy::loss_scaling::on;
@@ -264,7 +266,7 @@ class Step {
   // mode::reduce_overhead: the captures (shape, position, launches, replays) and the counts of
   // captured, replayed and eager steps; forget_captures() drops them (the next step at each shape
   // captures again). Parameters that moved or changed their trainable flag are noticed without it.
-  const Captures<Input>& captures_made() const { return captures_; }
+  const Captures<Input, graph_type>& captures_made() const { return captures_; }
 
   // What the mode did, a line or more for the end of a run: under reduce_overhead the captured
   // shapes, replayed / captured / eager steps and the first capture that could not be replayed
@@ -277,9 +279,9 @@ class Step {
                                   " micro-batches replayed, ", n.captured_steps, " captured, ", n.eager_steps,
                                   " through the tape\n");
       for (const auto& c : captures_.all())
-        if (!c->graph.replayable())
+        if (c->captured && !c->graph.replayable())
           out += kiln::detail::concat("  [", c->rows, ", ", Model::in_features, "] runs through the tape at every step: ",
-                                      c->graph.not_replayable(), " is not captured on the CPU (a replay would skip it)\n");
+                                      c->graph.not_replayable(), " cannot be captured (a replay would skip it)\n");
     } else if constexpr (autotunes) {
       const auto& path = tuner_->cache().path();
       out += kiln::detail::concat(": ", tuner_->tuned() + tuner_->reused(), " GEMM shapes, ", tuner_->tuned(),
@@ -406,42 +408,67 @@ class Step {
   }
 
   // mode::reduce_overhead: replays this shape's capture, or captures it; returns nothing when
-  // the step is to run eagerly (stance::eager_on_recompile, or a capture that cannot be replayed).
+  // the step is to run eagerly (stance::eager_on_recompile, a capture that cannot be replayed, or
+  // the warm-up step of a shape on an executor whose capture does not run the step).
   std::optional<ag::Var<float, space>> captured_step(const float* features, const std::int32_t* labels, index_t rows) {
     const index_t position = micro_batches_ % accumulate_;
-    Capture<Input>* c = captures_.find(rows, position);
-    if (c && !c->graph.replayable()) return std::nullopt;
-    if (c && c->params.matches(*model_)) {
+    auto* c = captures_.find(rows, position);
+    if (c && c->captured && !c->graph.replayable()) return std::nullopt;
+    const optim::ParamTable& table = opt_->table();
+    if (c && c->captured && c->params.matches(*model_)) {
       copy_input(c->input, features, rows);
       exec_->copy(c->labels.data(), labels, std::size_t(rows) * sizeof(std::int32_t));
-      c->graph.replay();
-      const optim::ParamTable& table = opt_->table();
+      exec_->replay(c->graph);
       for (index_t k = 0; k < table.count(); ++k)
         if (bool* flag = table[k].has_grad) *flag = c->grads_after[std::size_t(k)];
       ++c->replays;
       ++captures_.counts().replays;
       return c->loss;
     }
-    if (!c && !captures_.template admit<typename Policy::stance>(rows, Model::in_features)) return std::nullopt;
-    // Capture: the batch into the capture's own buffers first (not part of the graph: a replay
-    // copies the next batch there), then forward and backward with every launch kept.
-    Capture<Input>& fresh = captures_.add(rows, position);
+    if (!c) {
+      if (!captures_.template admit<typename Policy::stance>(rows, Model::in_features)) return std::nullopt;
+      c = &captures_.add(rows, position);
+      if constexpr (!Exec::capture_runs_work) return std::nullopt;  // the warm-up: eager; captured next time
+    }
+    // Capture (the first time, or again: the model's parameters moved or changed their trainable
+    // flags). The batch into the capture's own buffers first — not part of the graph: a replay
+    // copies the next batch there — then forward and backward with every launch kept.
+    auto& fresh = c->captured ? captures_.add(rows, position) : *c;
+    std::vector<bool> flags_before(std::size_t(table.count()));
+    for (index_t k = 0; k < table.count(); ++k) flags_before[std::size_t(k)] = table[k].has_gradient();
+    auto restore_flags = [&] {
+      for (index_t k = 0; k < table.count(); ++k)
+        if (bool* flag = table[k].has_grad) *flag = flags_before[std::size_t(k)];
+    };
     copy_input(fresh.input, features, rows);
     fresh.labels.resize(Shape{rows});
     exec_->copy(fresh.labels.data(), labels, std::size_t(rows) * sizeof(std::int32_t));
+    fresh.captured = true;
     exec_->begin_capture(fresh.graph);
     try {
       fresh.loss = forward_backward(fresh.input, fresh.labels.data());
-    } catch (...) {
+    } catch (const std::exception& e) {
       exec_->end_capture();
-      captures_.remove(rows, position);  // the next step at this shape tries again
-      throw;
+      if constexpr (Exec::capture_runs_work) {
+        captures_.remove(rows, position);  // a real error; the next step at this shape tries again
+        throw;
+      } else {  // nothing ran: the step runs eagerly, and this shape stays on the tape
+        fresh.graph.set_not_replayable(std::string("the capture threw: ") + e.what());
+        restore_flags();
+        return std::nullopt;
+      }
     }
     exec_->end_capture();
-    const optim::ParamTable& table = opt_->table();
+    if constexpr (!Exec::capture_runs_work) {
+      if (!fresh.graph.replayable()) {
+        restore_flags();
+        return std::nullopt;
+      }
+    }
     fresh.grads_after.resize(std::size_t(table.count()));
     for (index_t k = 0; k < table.count(); ++k) fresh.grads_after[std::size_t(k)] = table[k].has_gradient();
     fresh.params = detail::ParamSignature::of(*model_);
+    if constexpr (!Exec::capture_runs_work) exec_->replay(fresh.graph, /*count=*/false);  // the step's work
     ++captures_.counts().captured_steps;
     return fresh.loss;
   }
@@ -467,7 +494,7 @@ class Step {
   GradScaler<space> scaler_;
   Input input_;
   Tensor<float, space, dyn> window_;  // a ring: the latest loss_window losses
-  Captures<Input> captures_;
+  Captures<Input, graph_type> captures_;
   std::unique_ptr<tune::GemmTuner> tuner_;  // mode::max_autotune on the CPU
   index_t window_used_ = 0, window_next_ = 0, losses_dropped_ = 0;
   index_t accumulate_ = 1;

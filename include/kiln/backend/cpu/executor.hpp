@@ -76,6 +76,9 @@ class CpuExecutor {
     } depth(this);
     f(name);
   }
+  using step_graph = cpu::StepGraph;
+  // A capture runs the step as it keeps its launches (a CUDA capture does not).
+  static constexpr bool capture_runs_work = true;
   // From here until end_capture(), launches are kept in `graph` and host allocations on this
   // thread come from its pool (kiln/core/host_graph_pool.hpp).
   // throws: ValueError when a capture is already under way.
@@ -94,6 +97,8 @@ class CpuExecutor {
     capture_ = nullptr;
   }
   bool capturing() const { return capture_ != nullptr; }
+  // Runs a captured step again (its launches count as they run).
+  void replay(const cpu::StepGraph& graph, bool = true) { graph.replay(); }
 
   // mode::max_autotune: every GEMM asks `chooser` for its tuning (null: the heuristics).
   void set_gemm_chooser(cpu::GemmChooser* chooser) { chooser_ = chooser; }

@@ -16,6 +16,11 @@
 //   - Blocks are never split: a request takes a whole cached block (at most twice its rounded
 //     size, so a 1 GiB block is not spent on a 2 MiB request) or a fresh cudaMalloc.
 //   - Thread-safe: one mutex guards the pools and the statistics.
+//   - CUDA-graph capture (mode::reduce_overhead, kiln/backend/cuda/step_graph.cuh): while a thread
+//     captures, its requests come from a private pool the graph owns (begin_private); a block
+//     freed during the capture serves a later request of it, as eager execution would reuse it,
+//     and no block of the pool goes to anyone else while the graph lives, since its replays
+//     write them. The pool is freed when its graph has gone and its last block is back.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,6 +30,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -84,6 +90,7 @@ class CachingAllocator {
     const std::size_t size = round_size(bytes);
 
     std::lock_guard<std::mutex> lock(mutex_);
+    if (capturing_ != 0 && std::this_thread::get_id() == capture_thread_) return allocate_private_locked(bytes, size);
     Pool& pool = pool_for(size);
     auto it = pool.lower_bound(size);  // best fit: the smallest cached block that is big enough
     if (it != pool.end() && it->first / 2 <= size) {
@@ -124,11 +131,55 @@ class CachingAllocator {
     auto it = live_.find(ptr);
     KILN_CHECK(it != live_.end(), ValueError, "kiln::cu::CachingAllocator::deallocate: pointer ",
                ptr, " was not handed out by this allocator (released twice?)");
-    const std::size_t block = it->second;
+    const auto [block, owner] = it->second;
     live_.erase(it);
     stats_.in_use_bytes -= block;
+    if (owner != 0) {
+      Private& pool = privates_.at(owner);
+      (block <= small_limit ? pool.small : pool.large).emplace(block, ptr);
+      --pool.in_use;
+      if (pool.released && pool.in_use == 0) free_private_locked(owner);
+      return;
+    }
     pool_for(block).emplace(block, ptr);
     stats_.cached_bytes += block;
+  }
+
+  // ---- Private pools for CUDA-graph capture (see the header comment) -------------------------
+  using PoolId = std::uint64_t;
+  // A new pool for one graph.
+  PoolId create_private_pool() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const PoolId id = ++last_pool_id_;
+    privates_[id];
+    return id;
+  }
+  // From now until end_private(), this thread's requests come from pool `id`.
+  // throws: ValueError when another capture is under way.
+  void begin_private(PoolId id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    KILN_CHECK(capturing_ == 0, ValueError, "kiln::cu::CachingAllocator: a graph capture is already under way");
+    KILN_CHECK(privates_.count(id) == 1, ValueError, "kiln::cu::CachingAllocator: no private pool ", id);
+    capturing_ = id;
+    capture_thread_ = std::this_thread::get_id();
+  }
+  void end_private() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    capturing_ = 0;
+  }
+  // The graph of pool `id` is gone: its blocks are freed once none is handed out.
+  void release_private_pool(PoolId id) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = privates_.find(id);
+    if (it == privates_.end()) return;
+    it->second.released = true;
+    if (it->second.in_use == 0) free_private_locked(id);
+  }
+  // Bytes a private pool holds (handed out or cached in it).
+  std::size_t private_bytes(PoolId id) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = privates_.find(id);
+    return it == privates_.end() ? 0 : it->second.bytes;
   }
 
   AllocatorStats stats() const {
@@ -153,8 +204,8 @@ class CachingAllocator {
 
   Pool& pool_for(std::size_t size) noexcept { return size <= small_limit ? small_ : large_; }
 
-  void hand_out_locked(void* ptr, std::size_t block) {
-    live_.emplace(ptr, block);
+  void hand_out_locked(void* ptr, std::size_t block, std::uint64_t owner = 0) {
+    live_.emplace(ptr, Live{block, owner});
     stats_.in_use_bytes += block;
     if (stats_.in_use_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.in_use_bytes;
     ++stats_.allocations;
@@ -172,6 +223,48 @@ class CachingAllocator {
     stats_.cached_bytes = 0;
   }
 
+  // Private pools: what a graph's capture holds.
+  struct Private {
+    Pool small, large;  // its cached blocks
+    std::size_t in_use = 0, bytes = 0;
+    bool released = false;  // its graph is gone
+  };
+
+  void* allocate_private_locked(std::size_t bytes, std::size_t size) {
+    Private& pool = privates_.at(capturing_);
+    Pool& cached = size <= small_limit ? pool.small : pool.large;
+    auto it = cached.lower_bound(size);
+    if (it != cached.end() && it->first / 2 <= size) {
+      const std::size_t block = it->first;
+      void* ptr = it->second;
+      cached.erase(it);
+      ++pool.in_use;
+      ++stats_.cache_hits;
+      hand_out_locked(ptr, block, capturing_);
+      return ptr;
+    }
+    // cudaMalloc is legal during a relaxed-mode capture; the shared cache cannot be released
+    // here (cudaFree is not), so a failure is out of memory at once.
+    void* ptr = nullptr;
+    const cudaError_t status = cudaMalloc(&ptr, size);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      throw_oom(bytes, size, 0);
+    }
+    if (status != cudaSuccess) detail::throw_cuda_error(status, "cudaMalloc", __FILE__, __LINE__);
+    ++pool.in_use;
+    pool.bytes += size;
+    hand_out_locked(ptr, size, capturing_);
+    return ptr;
+  }
+  void free_private_locked(std::uint64_t id) noexcept {
+    auto it = privates_.find(id);
+    for (Pool* cached : {&it->second.small, &it->second.large})
+      for (auto& [size, ptr] : *cached)
+        if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+    privates_.erase(it);
+  }
+
   [[noreturn]] void throw_oom(std::size_t requested, std::size_t rounded,
                               std::size_t released) const {
     throw OutOfMemoryError(::kiln::detail::concat(
@@ -185,8 +278,15 @@ class CachingAllocator {
   mutable std::mutex mutex_;
   Pool small_;
   Pool large_;
-  std::unordered_map<void*, std::size_t> live_;  // handed-out block -> its size
+  struct Live {
+    std::size_t size;
+    std::uint64_t owner;  // 0: the shared pools; otherwise a graph's private pool
+  };
+  std::unordered_map<void*, Live> live_;  // handed-out block -> its size and pool
   AllocatorStats stats_;
+  std::unordered_map<std::uint64_t, Private> privates_;
+  std::uint64_t last_pool_id_ = 0, capturing_ = 0;
+  std::thread::id capture_thread_;
 };
 
 // The process-wide allocator used by default by DeviceBuffer and the cuBLASLt workspace.

@@ -33,6 +33,7 @@
 #include "kiln/backend/cuda/epilogue.cuh"
 #include "kiln/backend/cuda/memory.cuh"
 #include "kiln/backend/cuda/rowwise.cuh"
+#include "kiln/backend/cuda/step_graph.cuh"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/stats.hpp"
@@ -179,7 +180,11 @@ class CudaExecutor {
   // back to the process-wide caching allocator: the allocator does not track streams, so a block
   // returned while a GEMM still uses it could be handed to work on another stream (issue 8's
   // choice: synchronise here, as a stream-aware allocator would cost an event per free).
-  ~CudaExecutor() { (void)cudaStreamSynchronize(stream_); }
+  ~CudaExecutor() {
+    (void)cudaStreamSynchronize(stream_);
+    if (capture_event_) (void)cudaEventDestroy(capture_event_);
+    if (capture_stream_) (void)cudaStreamDestroy(capture_stream_);
+  }
   CudaExecutor(const CudaExecutor&) = delete;
   CudaExecutor& operator=(const CudaExecutor&) = delete;
 
@@ -210,6 +215,73 @@ class CudaExecutor {
     return std::string("device ") + std::to_string(device) + " (" + prop.name + ", compute capability " +
            std::to_string(prop.major) + "." + std::to_string(prop.minor) + ")";
   }
+  // ---- CUDA-graph capture (mode::reduce_overhead, kiln/backend/cuda/step_graph.cuh) ----------
+  using step_graph = cu::StepGraph;
+  // Captured work does not run until the graph is launched: train::Step replays it once right
+  // after the capture.
+  static constexpr bool capture_runs_work = false;
+  // From here until end_capture(), the executor's work goes into `graph`: on the executor's own
+  // capture stream (it starts after what the executor's stream has queued), allocations on this
+  // thread from the graph's private pool.
+  // throws: ValueError when a capture is under way; CudaError when the stream cannot be captured.
+  void begin_capture(cu::StepGraph& graph) {
+    KILN_CHECK(capture_ == nullptr, ValueError, "CudaExecutor::begin_capture: a capture is already under way");
+    if (!capture_stream_) KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
+    if (!capture_event_) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&capture_event_, cudaEventDisableTiming));
+    KILN_CUDA_CHECK(cudaEventRecord(capture_event_, stream_));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(capture_stream_, capture_event_, 0));
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeRelaxed));
+    outer_stream_ = std::exchange(stream_, capture_stream_);
+    capture_ = &graph;
+    records_before_ = stats_.records().size();
+    was_recording_ = stats_.recording();
+    stats_.set_recording(true);
+    stats_.watch_capture(true, /*launches_must_be_inside=*/false);
+    cu::default_allocator().begin_private(graph.pool());
+    temps_.set_direct(true);
+  }
+  // Ends the capture and instantiates the graph; a capture CUDA invalidated (a synchronisation
+  // or an uncapturable call inside it), or one that met host-side state or an opaque function,
+  // leaves the graph not replayable, saying why.
+  void end_capture() {
+    if (!capture_) return;
+    cu::StepGraph& graph = *std::exchange(capture_, nullptr);
+    cu::default_allocator().end_private();
+    temps_.set_direct(false);
+    cudaGraph_t g = nullptr;
+    const cudaError_t status = cudaStreamEndCapture(stream_, &g);
+    stream_ = outer_stream_;
+    std::string why = stats_.uncaptured();
+    stats_.watch_capture(false);
+    std::vector<LaunchRecord> launches(stats_.records().begin() + std::ptrdiff_t(records_before_),
+                                       stats_.records().end());
+    if (!was_recording_) {
+      stats_.drop_records_from(records_before_);
+      stats_.set_recording(false);
+    }
+    if (status != cudaSuccess || g == nullptr) {
+      (void)cudaGetLastError();
+      if (why.empty()) why = std::string("CUDA could not capture the step: ") + cudaGetErrorString(status);
+    }
+    cudaGraphExec_t e = nullptr;
+    if (why.empty()) {
+      const cudaError_t made = cudaGraphInstantiate(&e, g, 0);
+      if (made != cudaSuccess) {
+        (void)cudaGetLastError();
+        why = std::string("instantiating the step's graph failed: ") + cudaGetErrorString(made);
+      }
+    }
+    if (!why.empty()) {
+      if (g) (void)cudaGraphDestroy(g);
+      graph.set_not_replayable(why);
+      return;
+    }
+    graph.set_graph(g, e, std::move(launches));
+  }
+  bool capturing() const { return capture_ != nullptr; }
+  // Queues a captured step on the executor's stream (count: add its launches to stats()).
+  void replay(const cu::StepGraph& graph, bool count = true) { graph.replay(stream_, stats_, count); }
+
   // Copies `bytes` within device memory, ordered on the stream (no kernel is counted).
   void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes) KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -651,6 +723,12 @@ class CudaExecutor {
   LaunchStats stats_;
   TempPool<cuda> temps_;
   cu::Lt lt_;
+  // Graph capture: the stream work is captured on, and the executor's own while it lasts.
+  cudaStream_t capture_stream_ = nullptr, outer_stream_ = nullptr;
+  cudaEvent_t capture_event_ = nullptr;
+  cu::StepGraph* capture_ = nullptr;
+  std::size_t records_before_ = 0;
+  bool was_recording_ = false;
 };
 
 template <>
