@@ -71,7 +71,7 @@ void mode_steps(const char* backend, kiln::index_t batch, int steps, int threads
   struct Run {
     kiln::executor_t<Space> exec;
     Model model{0};
-    kiln::optim::AdamW<> opt{model, {.lr = 1e-3}};
+    kiln::optim::AdamW<Space> opt{model, {.lr = 1e-3}};
     explicit Run(int threads) : exec(kiln::make_executor<Space>(threads)) {}
   };
   Run d(threads), r(threads), a(threads);
