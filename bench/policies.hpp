@@ -8,7 +8,8 @@
 // predicted_kernels.
 //
 // The modes (all_modes): default, reduce_overhead and max_autotune side by side — three models,
-// stepped in turn, one step each per round, so that the machine's drift hits all three alike —
+// stepped in turn, one step each per round in a rotating order, so that the machine's drift and
+// the caches' state hit all three alike —
 // at batch 64, 256 and 1024 (fp32, fused); each line adds the mode and its step time against
 // default's (vs_default: default's median / this one's; above 1 is faster).
 #pragma once
@@ -97,9 +98,15 @@ void mode_steps(const char* backend, kiln::index_t batch, int steps, int threads
     if (step.window_full()) (void)step.take_losses();
   };
   for (int s = 0; s < steps + 3; ++s) {  // three warm-up rounds: the capture and the tuning happen there
-    time_one(by_default, d.exec, t_default, s);
-    time_one(replayed, r.exec, t_replayed, s);
-    time_one(tuned, a.exec, t_tuned, s);
+    // Each mode goes first, second and third in turn: whoever runs after another model finds the
+    // caches holding that model's buffers.
+    for (int turn = 0; turn < 3; ++turn) {
+      switch ((s + turn) % 3) {
+        case 0: time_one(by_default, d.exec, t_default, s); break;
+        case 1: time_one(replayed, r.exec, t_replayed, s); break;
+        default: time_one(tuned, a.exec, t_tuned, s); break;
+      }
+    }
   }
   const double base = median(t_default);
   auto line = [&](const char* mode, const std::vector<double>& t, const std::string& extra) {

@@ -74,13 +74,14 @@ std::pair<std::vector<float>, std::string> train_in(const std::string& dir, int 
 
 TEST_CASE("autotune: every candidate plan computes the product (orientations, k blocks, teams)") {
   using cpu::trans;
-  const std::vector<cpu::gemm_tuning> plans{{},
+  std::vector<cpu::gemm_tuning> plans{{},
                                            {.orientation = 1},
                                            {.orientation = 2},
                                            {.kc = 64},
                                            {.kc = 512},
                                            {.team = 1},
                                            {.orientation = 2, .team = 2, .kc = 100}};
+  if (cpu::gemm_have_cblas) plans.push_back({.cblas = true});
   Generator g(3);
   for (auto [m, n, k] : {std::array<index_t, 3>{7, 10, 300}, {64, 33, 129}, {5, 200, 1}, {70, 70, 530}}) {
     for (bool ta : {false, true})

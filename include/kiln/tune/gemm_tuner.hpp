@@ -4,8 +4,9 @@
 //
 // Candidates (kiln/backend/cpu/gemm.hpp's gemm_tuning): the heuristics' plan; the other
 // orientation (C or C^T on the register tile's long side); k blocks half and twice the kernel's
-// kc; one thread or the whole team where the heuristics chose the other; CBLAS for float and
-// double where the build has one. Each runs on private copies of the operands (a product that
+// kc; one thread or the whole team where the heuristics chose the other; and, when asked
+// (GemmTunerOptions::cblas), CBLAS for float and double where the build has one. Each runs on
+// private copies of the operands (a product that
 // adds onto C must not be run twice on it), interleaved round by round so that a clock change
 // hits all alike, and the median decides. A candidate must beat the heuristics' plan by 3% to be
 // chosen: timing noise never makes a step slower than default.
@@ -39,6 +40,12 @@ struct GemmTunerOptions {
   int min_rounds = 5, max_rounds = 40;
   double budget_ms = 30;
   double margin = 0.03;  // a candidate must beat the heuristics' plan by this share
+  // Time CBLAS too (float / double, where the build has one). Off by default: OpenBLAS keeps a
+  // pool of threads that, once woken, compete with the rest of the step for the cores — a cost a
+  // per-GEMM timing cannot see. On the 2-core development machine the MLP step at batch 256 ran
+  // 2-4% slower with CBLAS chosen for its two smallest GEMMs (bench/policies --only modes), and at
+  // parity with OPENBLAS_NUM_THREADS=1.
+  bool cblas = false;
 };
 
 class GemmTuner final : public cpu::GemmChooser {
@@ -127,7 +134,7 @@ class GemmTuner final : public cpu::GemmChooser {
   };
 
   template <class T>
-  static std::vector<Candidate> candidates(const GemmKey& key) {
+  std::vector<Candidate> candidates(const GemmKey& key) const {
     const auto facts = cpu::gemm_facts<T>(key.m, key.n);
     std::vector<Candidate> out{{"heuristic", {}}};
     out.push_back({facts.prefers_transposed ? "as given" : "transposed", {.orientation = facts.prefers_transposed ? 1 : 2}});
@@ -141,7 +148,8 @@ class GemmTuner final : public cpu::GemmChooser {
         out.push_back({std::to_string(all) + " threads", {.team = all}});
       }
     }
-    if constexpr (cpu::gemm_have_cblas && std::is_same_v<T, cpu::gemm_acc_t<T>>) out.push_back({"cblas", {.cblas = true}});
+    if constexpr (cpu::gemm_have_cblas && std::is_same_v<T, cpu::gemm_acc_t<T>>)
+      if (options_.cblas) out.push_back({"cblas", {.cblas = true}});
     return out;
   }
 
