@@ -259,12 +259,15 @@ int run(const Options& o, const kiln::data::Dataset& tr, const kiln::data::Datas
   } else if (o.mode == "default") {
     kiln::select_policy<kiln::accumulate<kiln::dyn>>(o.precision, o.stance, go);
   } else {
-    // On a device: CUDA graphs with the fused stance (a few policies, not every combination, to
-    // keep the CUDA build short); cuBLASLt autotuning is still to come.
-    KILN_CHECK(o.mode == "reduce_overhead" && o.stance == "fused", kiln::ValueError, "--mode ", o.mode,
-               " --stance ", o.stance, " is not built for CUDA; on a GPU the modes are default (any stance) and ",
-               "reduce_overhead (stance fused)");
-    kiln::select_precision<kiln::stance::fused, kiln::mode::reduce_overhead, kiln::accumulate<kiln::dyn>>(o.precision, go);
+    // On a device: CUDA graphs or cuBLASLt autotuning with the fused stance (a few policies, not
+    // every combination, to keep the CUDA build short).
+    KILN_CHECK((o.mode == "reduce_overhead" || o.mode == "max_autotune") && o.stance == "fused", kiln::ValueError,
+               "--mode ", o.mode, " --stance ", o.stance, " is not built for CUDA; on a GPU the modes are default ",
+               "(any stance), reduce_overhead and max_autotune (stance fused)");
+    if (o.mode == "reduce_overhead")
+      kiln::select_precision<kiln::stance::fused, kiln::mode::reduce_overhead, kiln::accumulate<kiln::dyn>>(o.precision, go);
+    else
+      kiln::select_precision<kiln::stance::fused, kiln::mode::max_autotune, kiln::accumulate<kiln::dyn>>(o.precision, go);
   }
   return status;
 }

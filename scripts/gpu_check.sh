@@ -4,7 +4,7 @@
 # builds for sm_90 and runs, with KILN_REQUIRE_DEVICE=1 (so nothing can "pass" by skipping):
 #   the CUDA tests; the benchmarks (train_step_cuda beside PyTorch CUDA eager, policies_cuda with
 #   the modes side by side, fusion_cuda, kernels_cuda); train_digits (also --mode reduce_overhead:
-#   CUDA graphs) and train_cnn_digits on the GPU and, for comparison,
+#   CUDA graphs, and --mode max_autotune twice: cuBLASLt algorithms timed, then read from the cache) and train_cnn_digits on the GPU and, for comparison,
 #   on the CPU; train_cifar (ResNet-9) at batch 512 beside PyTorch CUDA eager and compiled
 #   (bench/torch_convnet.py --device cuda); and
 #   compute-sanitizer's memcheck, racecheck and initcheck on chosen subsets of the CUDA tests.
@@ -128,6 +128,13 @@ run train_digits train-digits-cuda 60 "$OUT/train_digits_cuda.log" "$OUT/train_d
 # the line above; bench/policies_cuda has the step times side by side).
 run train_digits train-digits-graphs-cuda 60 "$OUT/train_digits_graphs_cuda.log" "$OUT/train_digits_graphs_cuda.log" \
   "$BUILD/examples/train_digits" --data-dir data --mode reduce_overhead
+# cuBLASLt autotuning: the first run times the heuristic's top algorithms per plan (the report
+# lists each choice against the heuristic's), the second reads them from the cache.
+for pass in 1 2; do
+  KILN_CACHE_DIR="$OUT/tune-cache" run train_digits train-digits-autotune-$pass-cuda 90 \
+    "$OUT/train_digits_autotune_$pass.log" "$OUT/train_digits_autotune_$pass.log" \
+    "$BUILD/examples/train_digits" --data-dir data --mode max_autotune
+done
 # The same binary on the CPU backend: no visible device, and no device required for this run.
 # Issue 11: 4 epochs + --resume to 10 end bit for bit where 10 epochs in one go end, on the GPU.
 run train_digits resume-cuda 60 "$OUT/resume_cuda.log" "$OUT/resume_cuda.log" \

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -32,6 +33,9 @@ struct HostGraphPools {
   std::mutex lock;
   std::vector<std::unique_ptr<HostGraphPool>> live;
   std::atomic<std::size_t> count{0};
+  // Addresses every pool block ever made lies in, [lowest, highest_end) — only widened. A free
+  // outside it (most frees: the heap is wide) skips the lock.
+  std::atomic<std::uintptr_t> lowest{UINTPTR_MAX}, highest_end{0};
   // Never destroyed: a block may come back from a static object's destructor at exit, after
   // function-local statics are gone (reachable to the end, so not a leak to LeakSanitizer).
   static HostGraphPools& get() {
@@ -64,6 +68,10 @@ class HostGraphPool {
       return std::less<const void*>()(b.p, q);
     });
     blocks_.insert(at, Block{p, bytes, true});
+    HostGraphPools& pools = HostGraphPools::get();
+    const auto begin = reinterpret_cast<std::uintptr_t>(p), end = begin + bytes;
+    if (begin < pools.lowest.load(std::memory_order_relaxed)) pools.lowest.store(begin, std::memory_order_release);
+    if (end > pools.highest_end.load(std::memory_order_relaxed)) pools.highest_end.store(end, std::memory_order_release);
     ++in_use_;
     bytes_ += bytes;
     return p;
@@ -113,6 +121,9 @@ inline void* allocate_from_host_pool(HostGraphPool& pool, std::size_t bytes) {
 inline bool return_to_host_pool(void* p) {
   HostGraphPools& pools = HostGraphPools::get();
   if (pools.count.load(std::memory_order_acquire) == 0) return false;
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  if (at < pools.lowest.load(std::memory_order_acquire) || at >= pools.highest_end.load(std::memory_order_acquire))
+    return false;
   std::lock_guard guard(pools.lock);
   for (auto it = pools.live.begin(); it != pools.live.end(); ++it) {
     if (!(*it)->release(p)) continue;

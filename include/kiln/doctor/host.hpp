@@ -24,47 +24,6 @@ namespace kiln::doctor {
 
 namespace detail {
 
-
-struct Extension {
-  const char* name;
-  bool targeted;  // the compiler generated code that uses it
-  bool present;   // the CPU running this has it
-};
-
-inline std::vector<Extension> extensions() {
-  std::vector<Extension> out;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  auto add = [&](const char* name, bool targeted, bool present) { out.push_back({name, targeted, present}); };
-#if defined(__SSE4_2__)
-  add("sse4.2", true, __builtin_cpu_supports("sse4.2"));
-#else
-  add("sse4.2", false, __builtin_cpu_supports("sse4.2"));
-#endif
-#if defined(__AVX2__)
-  add("avx2", true, __builtin_cpu_supports("avx2"));
-#else
-  add("avx2", false, __builtin_cpu_supports("avx2"));
-#endif
-#if defined(__FMA__)
-  add("fma", true, __builtin_cpu_supports("fma"));
-#else
-  add("fma", false, __builtin_cpu_supports("fma"));
-#endif
-#if defined(__AVX512F__)
-  add("avx512f", true, __builtin_cpu_supports("avx512f"));
-#else
-  add("avx512f", false, __builtin_cpu_supports("avx512f"));
-#endif
-#if defined(__AVX512BF16__)
-  add("avx512bf16", true, __builtin_cpu_supports("avx512bf16"));
-#else
-  add("avx512bf16", false, __builtin_cpu_supports("avx512bf16"));
-#endif
-#endif
-  return out;
-}
-
 inline const char* gemm_microkernel() {
 #if KILN_GEMM_AVX512
   return "AVX-512 fp32 12x32 tile";
@@ -85,7 +44,7 @@ inline Section examine_host(bool& cpu_ok) {
   s.fact("cpu", kiln::cpu_model());
   std::string targeted, missing, unused;
   cpu_ok = true;
-  for (const auto& e : detail::extensions()) {
+  for (const auto& e : kiln::cpu_extensions()) {
     if (e.targeted) targeted += std::string(targeted.empty() ? "" : " ") + e.name;
     if (e.targeted && !e.present) {
       missing += std::string(missing.empty() ? "" : " ") + e.name;

@@ -86,6 +86,17 @@ const auto* pointer_of(const P& p) {
 }
 }  // namespace detail
 
+// The GEMM autotuner mode::max_autotune installs on an executor: the one it names
+// (`using gemm_tuner`, CUDA's cu::LtTuner), the CPU GEMM tuner on a host executor, else none.
+template <class Exec, class = void>
+struct gemm_tuner_of {
+  using type = std::conditional_t<std::is_same_v<typename Exec::space, host>, tune::GemmTuner, void>;
+};
+template <class Exec>
+struct gemm_tuner_of<Exec, std::void_t<typename Exec::gemm_tuner>> {
+  using type = typename Exec::gemm_tuner;
+};
+
 template <class Model, class Optimizer, class Exec, class Policy = kiln::policy<>, class Loss = CrossEntropy>
 class Step {
   static_assert(is_policy_v<Policy>,
@@ -114,8 +125,10 @@ class Step {
   // captures: the CPU's and CUDA's).
   static constexpr bool captures = Policy::mode::captures && requires { typename Exec::step_graph; };
   using graph_type = typename step_graph_of<Exec>::type;
-  // Whether GEMMs are autotuned here (mode::max_autotune on the CPU).
-  static constexpr bool autotunes = Policy::mode::autotunes && std::is_same_v<space, host>;
+  // mode::max_autotune's GEMM tuner on this executor (void where there is none).
+  using tuner_type = typename gemm_tuner_of<Exec>::type;
+  // Whether GEMMs are autotuned here (mode::max_autotune on the CPU and on CUDA).
+  static constexpr bool autotunes = Policy::mode::autotunes && !std::is_void_v<tuner_type>;
   static constexpr bool scales_loss = Policy::loss_scaling::on;
   static constexpr bool mixed = Policy::precision::mixed;
   // The type GEMM inputs and saved activations are stored in (float unless mixed).
@@ -153,7 +166,7 @@ class Step {
     if constexpr (autotunes) {
       KILN_CHECK(exec.gemm_chooser() == nullptr, ValueError, "train::Step: mode max_autotune, but the executor already ",
                  "has a GEMM tuner (another max_autotune step on it?); give each its own executor");
-      tuner_ = std::make_unique<tune::GemmTuner>(options.autotune);
+      tuner_ = std::make_unique<tuner_type>(options.autotune);
       exec.set_gemm_chooser(tuner_.get());
     }
   }
@@ -261,7 +274,7 @@ class Step {
   bool at_step_boundary() const { return micro_batches_ % accumulate_ == 0; }
 
   // mode::max_autotune: the tuner (null in other modes).
-  const tune::GemmTuner* tuner() const { return tuner_.get(); }
+  const auto* tuner() const { return tuner_.get(); }
 
   // mode::reduce_overhead: the captures (shape, position, launches, replays) and the counts of
   // captured, replayed and eager steps; forget_captures() drops them (the next step at each shape
@@ -419,8 +432,7 @@ class Step {
       copy_input(c->input, features, rows);
       exec_->copy(c->labels.data(), labels, std::size_t(rows) * sizeof(std::int32_t));
       exec_->replay(c->graph);
-      for (index_t k = 0; k < table.count(); ++k)
-        if (bool* flag = table[k].has_grad) *flag = c->grads_after[std::size_t(k)];
+      set_grad_flags(table, c->grads_after);
       ++c->replays;
       ++captures_.counts().replays;
       return c->loss;
@@ -434,12 +446,8 @@ class Step {
     // flags). The batch into the capture's own buffers first — not part of the graph: a replay
     // copies the next batch there — then forward and backward with every launch kept.
     auto& fresh = c->captured ? captures_.add(rows, position) : *c;
-    std::vector<bool> flags_before(std::size_t(table.count()));
-    for (index_t k = 0; k < table.count(); ++k) flags_before[std::size_t(k)] = table[k].has_gradient();
-    auto restore_flags = [&] {
-      for (index_t k = 0; k < table.count(); ++k)
-        if (bool* flag = table[k].has_grad) *flag = flags_before[std::size_t(k)];
-    };
+    const std::vector<bool> flags_before = grad_flags(table);
+    auto restore_flags = [&] { set_grad_flags(table, flags_before); };
     copy_input(fresh.input, features, rows);
     fresh.labels.resize(Shape{rows});
     exec_->copy(fresh.labels.data(), labels, std::size_t(rows) * sizeof(std::int32_t));
@@ -465,12 +473,23 @@ class Step {
         return std::nullopt;
       }
     }
-    fresh.grads_after.resize(std::size_t(table.count()));
-    for (index_t k = 0; k < table.count(); ++k) fresh.grads_after[std::size_t(k)] = table[k].has_gradient();
+    fresh.grads_after = grad_flags(table);
     fresh.params = detail::ParamSignature::of(*model_);
     if constexpr (!Exec::capture_runs_work) exec_->replay(fresh.graph, /*count=*/false);  // the step's work
     ++captures_.counts().captured_steps;
     return fresh.loss;
+  }
+
+  // The parameters' has-gradient flags: a replay sets them as the captured backward left them
+  // (the graph writes gradients but runs no host code), a failed capture puts them back.
+  static std::vector<bool> grad_flags(const optim::ParamTable& table) {
+    std::vector<bool> flags(std::size_t(table.count()));
+    for (index_t k = 0; k < table.count(); ++k) flags[std::size_t(k)] = table[k].has_gradient();
+    return flags;
+  }
+  static void set_grad_flags(const optim::ParamTable& table, const std::vector<bool>& flags) {
+    for (index_t k = 0; k < table.count(); ++k)
+      if (bool* flag = table[k].has_grad) *flag = flags[std::size_t(k)];
   }
 
   void optimizer_step() {
@@ -495,7 +514,7 @@ class Step {
   Input input_;
   Tensor<float, space, dyn> window_;  // a ring: the latest loss_window losses
   Captures<Input, graph_type> captures_;
-  std::unique_ptr<tune::GemmTuner> tuner_;  // mode::max_autotune on the CPU
+  std::unique_ptr<std::conditional_t<autotunes, tuner_type, int>> tuner_;  // mode::max_autotune's
   index_t window_used_ = 0, window_next_ = 0, losses_dropped_ = 0;
   index_t accumulate_ = 1;
   index_t micro_batches_ = 0;

@@ -26,27 +26,12 @@
 #include <vector>
 
 #include "kiln/backend/cpu/gemm.hpp"
+#include "kiln/core/cpu_model.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/warning.hpp"
 #include "kiln/tune/tune_cache.hpp"
 
 namespace kiln::tune {
-
-struct GemmTunerOptions {
-  // Where the cache lives; empty: KILN_CACHE_DIR, else the user's cache directory (above).
-  std::string cache_dir = {};
-  bool use_cache = true;  // false: time every shape, read and write no file
-  // Timing rounds per shape: at least min_rounds, more while under budget_ms in all.
-  int min_rounds = 5, max_rounds = 40;
-  double budget_ms = 30;
-  double margin = 0.03;  // a candidate must beat the heuristics' plan by this share
-  // Time CBLAS too (float / double, where the build has one). Off by default: OpenBLAS keeps a
-  // pool of threads that, once woken, compete with the rest of the step for the cores — a cost a
-  // per-GEMM timing cannot see. On the 2-core development machine the MLP step at batch 256 ran
-  // 2-4% slower with CBLAS chosen for its two smallest GEMMs (bench/policies --only modes), and at
-  // parity with OPENBLAS_NUM_THREADS=1.
-  bool cblas = false;
-};
 
 class GemmTuner final : public cpu::GemmChooser {
  public:
@@ -93,20 +78,7 @@ class GemmTuner final : public cpu::GemmChooser {
   std::string report() const { return cache_.report(); }
 
   static std::string fingerprint() {
-    std::string isa = "x86-64";
-#if defined(__AVX512F__)
-    isa += " avx512f";
-#endif
-#if defined(__AVX512BF16__)
-    isa += " avx512bf16";
-#endif
-#if defined(__AVX2__)
-    isa += " avx2";
-#endif
-#if defined(__FMA__)
-    isa += " fma";
-#endif
-    return "cpu=" + kiln::cpu_model() + "; isa=" + isa + "; kernel=" + kernel_name() + "; cblas=" +
+    return "cpu=" + kiln::cpu_model() + "; isa=" + kiln::targeted_extensions() + "; kernel=" + kernel_name() + "; cblas=" +
            (cpu::gemm_have_cblas ? "yes" : "no") + "; kiln=" + kiln::version;
   }
 

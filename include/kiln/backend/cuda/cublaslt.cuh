@@ -80,6 +80,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -323,6 +324,35 @@ inline LtLayoutPtr lt_layout(LtType type, index_t rows, index_t cols, index_t ld
 
 }  // namespace detail
 
+// The plan key: everything a plan (and a tuned algorithm) is chosen for.
+using LtKey = std::array<std::int64_t, 21>;
+
+// What an algorithm chooser is shown when a new plan is built: the request, its plan's descriptor
+// and layouts (ready to run), and the heuristic's algorithms, best first.
+struct LtChoiceRequest {
+  const MatmulArgs& args;
+  const LtKey& key;
+  cublasLtHandle_t handle;
+  const detail::LtPlan& plan;
+  const cublasLtMatmulHeuristicResult_t* found;
+  int count;
+  cudaStream_t stream;
+  CachingAllocator& allocator;
+};
+
+// Chooses among the heuristic's algorithms for each new plan (mode::max_autotune's LtTuner,
+// kiln/backend/cuda/lt_tuner.cuh, times them). Called with the Lt's lock held: it must not call
+// back into the Lt. Never called while `stream` is being captured into a CUDA graph (timing
+// synchronises); the heuristic's first algorithm serves then.
+class LtAlgoChooser {
+ public:
+  virtual ~LtAlgoChooser() = default;
+  // How many of the heuristic's algorithms to ask for (at most Lt::max_candidates).
+  virtual int candidates() const = 0;
+  // An index into request.found.
+  virtual int choose(const LtChoiceRequest& request) = 0;
+};
+
 // A cuBLASLt handle, a per-stream workspace and a plan cache. Thread-safe (calls serialise on a
 // mutex while they enqueue; the GEMMs themselves run asynchronously on the given stream).
 // Destroy an Lt only once the work it queued no longer needs its workspace, or when all that
@@ -330,6 +360,8 @@ inline LtLayoutPtr lt_layout(LtType type, index_t rows, index_t cols, index_t ld
 class Lt {
  public:
   static constexpr std::size_t default_workspace_bytes = std::size_t{32} << 20;
+  // The most heuristic algorithms an LtAlgoChooser is shown.
+  static constexpr int max_candidates = 32;
 
   // workspace_bytes: scratch each GEMM may use (more lets the heuristic choose split-K kernels
   // for small-m/n, large-k shapes); taken from `allocator` on first use per stream.
@@ -440,7 +472,7 @@ class Lt {
   bool try_matmul(const MatmulArgs& x, cudaStream_t stream = nullptr) {
     validate(x);
     std::lock_guard<std::mutex> lock(mutex_);
-    detail::LtPlan* found = plan_for_locked(x);
+    detail::LtPlan* found = plan_for_locked(x, stream);
     if (found == nullptr) return false;
     detail::LtPlan& plan = *found;
     cublasLtMatmulDesc_t desc = plan.desc.get();
@@ -481,12 +513,22 @@ class Lt {
     refuse_ = std::move(refuse);
   }
 
+  // Lets `chooser` pick each new plan's algorithm among the heuristic's (nullptr: the heuristic's
+  // first, as by default). Plans built before are dropped, so every shape meets the chooser.
+  void set_algo_chooser(LtAlgoChooser* chooser) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    chooser_ = chooser;
+    plans_.clear();
+  }
+  LtAlgoChooser* algo_chooser() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return chooser_;
+  }
+
   std::size_t workspace_bytes() const noexcept { return workspace_bytes_; }
   cublasLtHandle_t handle() const noexcept { return handle_; }
 
- private:
-  using Key = std::array<std::int64_t, 21>;
-
+  using Key = LtKey;
   static Key key_of(const MatmulArgs& x) {
     const bool tf32 = x.allow_tf32 && x.in_type == LtType::f32;
     const void* c = x.c != nullptr ? x.c : x.d;
@@ -514,8 +556,9 @@ class Lt {
                x.bias_f32 && x.out_type != LtType::f32};
   }
 
+ private:
   // x's plan, built on first use; nullptr when the heuristic has (or had) no algorithm for it.
-  detail::LtPlan* plan_for_locked(const MatmulArgs& x) {
+  detail::LtPlan* plan_for_locked(const MatmulArgs& x, cudaStream_t stream) {
     const Key key = key_of(x);
     if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
     if (no_algorithm_.count(key) != 0) return nullptr;
@@ -574,17 +617,30 @@ class Lt {
     detail::lt_set(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                    detail::pointer_alignment(x.d));
 
-    cublasLtMatmulHeuristicResult_t result{};
+    // A chooser sees several of the heuristic's algorithms, except during a graph capture.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (chooser_ != nullptr) KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    const bool choose = chooser_ != nullptr && capturing == cudaStreamCaptureStatusNone;
+    // (A std::array: nvcc 13.0 fails with an internal error on std::vector of this struct.)
+    std::array<cublasLtMatmulHeuristicResult_t, max_candidates> results{};
+    const int asked = choose ? std::clamp(chooser_->candidates(), 1, max_candidates) : 1;
     int found = 0;
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle_, desc, plan->a.get(), plan->b.get(), plan->c.get(),
-                                       plan->d.get(), pref_raw, 1, &result, &found);
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle_, desc, plan->a.get(), plan->b.get(), plan->c.get(), plan->d.get(), pref_raw,
+        asked, results.data(), &found);
     if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
       no_algorithm_.emplace(key, status == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : status);
       return nullptr;
     }
-    plan->algo = result.algo;
-    plan->workspace_bytes = result.workspaceSize;
+    int chosen = 0;
+    if (choose) {
+      chosen = chooser_->choose(
+          LtChoiceRequest{x, key, handle_, *plan, results.data(), found, stream, *allocator_});
+      KILN_CHECK(chosen >= 0 && chosen < found, ValueError, "kiln::cu::Lt: the algorithm chooser picked #",
+                 chosen, " of ", found, " for ", detail::describe(x));
+    }
+    plan->algo = results[static_cast<std::size_t>(chosen)].algo;
+    plan->workspace_bytes = results[static_cast<std::size_t>(chosen)].workspaceSize;
 
     return plans_.emplace(key, std::move(plan)).first->second.get();
   }
@@ -605,6 +661,7 @@ class Lt {
   std::map<Key, std::unique_ptr<detail::LtPlan>> plans_;
   std::map<Key, cublasStatus_t> no_algorithm_;  // keys the heuristic found nothing for, and why
   std::function<bool(const MatmulArgs&)> refuse_;  // simulate_no_algorithm's filter
+  LtAlgoChooser* chooser_ = nullptr;                 // set_algo_chooser's
   std::vector<std::pair<cudaStream_t, DeviceBuffer<std::byte>>> workspaces_;
 };
 

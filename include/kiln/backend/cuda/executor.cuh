@@ -31,6 +31,7 @@
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/backend/cuda/cublaslt.cuh"
 #include "kiln/backend/cuda/epilogue.cuh"
+#include "kiln/backend/cuda/lt_tuner.cuh"
 #include "kiln/backend/cuda/memory.cuh"
 #include "kiln/backend/cuda/rowwise.cuh"
 #include "kiln/backend/cuda/step_graph.cuh"
@@ -215,6 +216,12 @@ class CudaExecutor {
     return std::string("device ") + std::to_string(device) + " (" + prop.name + ", compute capability " +
            std::to_string(prop.major) + "." + std::to_string(prop.minor) + ")";
   }
+  // ---- mode::max_autotune (kiln/backend/cuda/lt_tuner.cuh) ----------------------------------
+  // train::Step installs an LtTuner: each new cuBLASLt plan times the heuristic's top algorithms.
+  using gemm_tuner = cu::LtTuner;
+  void set_gemm_chooser(cu::LtAlgoChooser* chooser) { lt_.set_algo_chooser(chooser); }
+  cu::LtAlgoChooser* gemm_chooser() const { return lt_.algo_chooser(); }
+
   // ---- CUDA-graph capture (mode::reduce_overhead, kiln/backend/cuda/step_graph.cuh) ----------
   using step_graph = cu::StepGraph;
   // Captured work does not run until the graph is launched: train::Step replays it once right

@@ -1,0 +1,234 @@
+// kiln/dist/process_group.hpp — the processes of a data-parallel job and the collectives between
+// them on host memory: all-reduce (sum, average), broadcast, all-gather, on MPI.
+//
+// How a process learns its place:
+// - Launched by mpirun / mpiexec (OpenMPI's OMPI_COMM_WORLD_SIZE, MPICH's PMI_SIZE, PMIx's
+//   PMIX_RANK in the environment): MPI is initialised and gives the rank, the world size and the
+//   rank on this node (MPI_COMM_TYPE_SHARED), which picks the GPU.
+// - Launched by torchrun (RANK and WORLD_SIZE set, no MPI launcher): refused with a sentence. The
+//   host collectives run on MPI, which needs its launcher: a CPU job is launched with mpirun.
+// - Neither: world size 1. Collectives return at once (an average divides by 1), nothing of MPI
+//   is touched, and the code runs exactly as it does without this header.
+//
+// Failure: every MPI call returns its error (MPI_ERRORS_RETURN) and becomes a dist::DistError that
+// names the collective, the rank and MPI's message. A rank that fails must not leave the others
+// blocked in a collective: dist::fail_job (the examples' error path) prints the error with the
+// rank and calls MPI_Abort, which ends every process of the job with a non-zero status. A rank killed outright is noticed by mpirun, which
+// ends the job the same way.
+//
+// Threads: MPI is initialised with MPI_THREAD_SERIALIZED — several threads may call the group,
+// one at a time (a communication thread that all-reduces gradients while the main thread runs
+// backward).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <type_traits>
+
+#include "kiln/config.hpp"
+#include "kiln/core/error.hpp"
+
+#ifndef KILN_HAVE_MPI
+#define KILN_HAVE_MPI 0  // CMake defines it to 1 where it found MPI (the kiln::mpi target)
+#endif
+#if KILN_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace kiln::dist {
+
+// A collective or the group's set-up failed (another rank died, MPI refused, ranks disagree).
+class DistError : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class ReduceOp { sum, average };
+
+// Whether this build can run multi-process jobs (it found MPI at configure time).
+inline constexpr bool have_mpi = KILN_HAVE_MPI != 0;
+
+namespace detail {
+
+inline const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+// Launched by an MPI launcher (OpenMPI, MPICH / Hydra, PMIx-based ones such as srun).
+inline bool launched_by_mpi() {
+  return env("OMPI_COMM_WORLD_SIZE") != nullptr || env("PMI_SIZE") != nullptr || env("PMIX_RANK") != nullptr;
+}
+inline bool launched_by_torchrun() { return env("WORLD_SIZE") != nullptr && env("RANK") != nullptr; }
+
+}  // namespace detail
+
+class ProcessGroup {
+ public:
+  // The job's group, set up on first use (see the file comment).
+  // throws: DistError when MPI cannot be initialised, or the launcher is one this build cannot serve.
+  static ProcessGroup& world() {
+    static ProcessGroup group;
+    return group;
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  bool is_root() const { return rank_ == 0; }
+  // "mpi", or "single" for a process on its own.
+  const char* backend() const { return mpi_ ? "mpi" : "single"; }
+
+  // data[0, n) on every rank becomes the element-wise sum (or average) over the ranks.
+  template <class T>
+  void all_reduce(T* data, index_t n, ReduceOp op = ReduceOp::sum) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
+                      std::is_same_v<T, std::int64_t>,
+                  "kiln::dist::all_reduce sums float, double, int32 or int64 elements; reduce half-precision "
+                  "gradients in float");
+    check_count("all_reduce", n);
+#if KILN_HAVE_MPI
+    if (mpi_ && n > 0)
+      check("all_reduce", n, MPI_Allreduce(MPI_IN_PLACE, data, int(n), mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD));
+#endif
+    if (op == ReduceOp::average && size_ > 1) {
+      if constexpr (std::is_floating_point_v<T>) {
+        const T scale = T(1) / T(size_);
+        for (index_t i = 0; i < n; ++i) data[i] *= scale;
+      } else {
+        for (index_t i = 0; i < n; ++i) data[i] /= T(size_);
+      }
+    }
+  }
+
+  // data[0, n) on every rank becomes root's.
+  template <class T>
+  void broadcast(T* data, index_t n, int root = 0) {
+    static_assert(std::is_trivially_copyable_v<T>, "kiln::dist::broadcast copies bytes: T must be trivially copyable");
+    check_count("broadcast", n);
+    KILN_CHECK(root >= 0 && root < size_, DistError, "kiln::dist: broadcast from rank ", root, " in a group of ",
+               size_);
+#if KILN_HAVE_MPI
+    if (mpi_ && n > 0) check("broadcast", n, MPI_Bcast(data, int(n * index_t(sizeof(T))), MPI_BYTE, root, MPI_COMM_WORLD));
+#else
+    (void)data;
+#endif
+  }
+
+  // out[r * n, (r + 1) * n) becomes rank r's in[0, n), on every rank (out holds size() * n).
+  template <class T>
+  void all_gather(const T* in, index_t n, T* out) {
+    static_assert(std::is_trivially_copyable_v<T>, "kiln::dist::all_gather copies bytes: T must be trivially copyable");
+    check_count("all_gather", n * size_);
+#if KILN_HAVE_MPI
+    if (mpi_) {
+      if (n > 0) {
+        const int bytes = int(n * index_t(sizeof(T)));
+        check("all_gather", n, MPI_Allgather(in, bytes, MPI_BYTE, out, bytes, MPI_BYTE, MPI_COMM_WORLD));
+      }
+      return;
+    }
+#endif
+    for (index_t i = 0; i < n; ++i) out[i] = in[i];
+  }
+
+  void barrier() {
+#if KILN_HAVE_MPI
+    if (mpi_) check("barrier", 0, MPI_Barrier(MPI_COMM_WORLD));
+#endif
+  }
+
+  // "rank 1 of 2 (mpi)".
+  std::string describe() const {
+    return ::kiln::detail::concat("rank ", rank_, " of ", size_, " (", backend(), ")");
+  }
+
+  // Ends the whole job now: every rank exits with `status` (MPI_Abort); a single process exits.
+  [[noreturn]] void abort(int status) {
+#if KILN_HAVE_MPI
+    if (mpi_) MPI_Abort(MPI_COMM_WORLD, status);
+#endif
+    std::_Exit(status);
+  }
+
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+  ~ProcessGroup() {
+#if KILN_HAVE_MPI
+    int finalized = 0;
+    if (mpi_ && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
+#endif
+  }
+
+ private:
+  ProcessGroup() {
+    if (detail::launched_by_mpi()) {
+#if KILN_HAVE_MPI
+      int provided = 0;
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        throw DistError("kiln::dist: MPI_Init_thread failed (launched by mpirun, but MPI cannot start)");
+      mpi_ = true;
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+      MPI_Comm_size(MPI_COMM_WORLD, &size_);
+      KILN_CHECK(provided >= MPI_THREAD_SERIALIZED, DistError, "kiln::dist: this MPI offers thread level ", provided,
+                 ", below MPI_THREAD_SERIALIZED (the data-parallel step communicates from a second thread)");
+      MPI_Comm node = MPI_COMM_NULL;
+      check("split by node", 0, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+      MPI_Comm_rank(node, &local_rank_);
+      MPI_Comm_size(node, &local_size_);
+      MPI_Comm_free(&node);
+#else
+      throw DistError(
+          "kiln::dist: launched by mpirun, but this build has no MPI; install it (scripts/deps.sh installs "
+          "openmpi-bin and libopenmpi-dev) and configure again");
+#endif
+    } else if (detail::launched_by_torchrun() && std::atoi(detail::env("WORLD_SIZE")) > 1) {
+      throw DistError(::kiln::detail::concat(
+          "kiln::dist: launched by torchrun (WORLD_SIZE=", detail::env("WORLD_SIZE"),
+          "), but kiln's host collectives run on MPI: launch with mpirun -np N instead"));
+    }
+  }
+
+  static void check_count(const char* what, index_t n) {
+    KILN_CHECK(n >= 0 && n <= index_t(INT32_MAX), DistError, "kiln::dist: ", what, " of ", n,
+               " elements: MPI counts must lie in [0, 2^31); split the buffer");
+  }
+
+#if KILN_HAVE_MPI
+  template <class T>
+  static MPI_Datatype mpi_type() {
+    if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+    else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+    else if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
+    else return MPI_INT64_T;
+  }
+  void check(const char* what, index_t n, int status) const {
+    if (status == MPI_SUCCESS) return;
+    char message[MPI_MAX_ERROR_STRING] = {};
+    int length = 0;
+    MPI_Error_string(status, message, &length);
+    throw DistError(::kiln::detail::concat("kiln::dist: ", what, " of ", n, " elements on ", describe(),
+                                           " failed: MPI: ", message));
+  }
+#endif
+
+  bool mpi_ = false;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+// The error path of a data-parallel program: prints `e` with this rank, then ends every rank of the
+// job (a rank that only returned would leave the others blocked in their next collective).
+// Returns `status` for a process on its own, so `return dist::fail_job(e);` ends main either way.
+inline int fail_job(const std::exception& e, int status = 1) {
+  ProcessGroup& group = ProcessGroup::world();
+  std::fprintf(stderr, "error on %s: %s\n", group.describe().c_str(), e.what());
+  std::fflush(stderr);
+  if (group.size() > 1) group.abort(status);
+  return status;
+}
+
+}  // namespace kiln::dist
