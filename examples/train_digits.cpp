@@ -16,6 +16,12 @@
 // --mode (kiln/policy/mode.hpp): reduce_overhead captures the step at each batch shape and
 // replays it; max_autotune times each GEMM shape's candidates once and keeps the fastest, cached
 // under KILN_CACHE_DIR. The closing lines say what the mode did.
+//
+// Data-parallel on the CPU: `mpirun -np 2 build/examples/train_digits --data-dir data` (as root,
+// OpenMPI also wants --allow-run-as-root, and --oversubscribe where ranks outnumber cores). --batch
+// stays the global batch: each rank takes batch / ranks rows of its shard of every epoch
+// (LoaderOptions::shard), the gradients are averaged over the ranks before each optimizer step,
+// and rank 0 prints, with a closing line of per-rank and whole-job throughput.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -152,16 +158,29 @@ template <class Space, class Policy>
 int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::data::Dataset& test_set) {
   auto exec = kiln::make_executor<Space>(o.threads);
   typename Model::template on<Space> model(o.seed);
+  // Data-parallel under mpirun (kiln/dist/): --batch is the global batch, each rank takes its
+  // share of it from its shard of the epoch, and the gradients are averaged over the ranks.
+  auto& group = kiln::dist::ProcessGroup::world();
+  const int ranks = group.size();
+  KILN_CHECK(o.batch % ranks == 0, kiln::ValueError, "--batch ", o.batch, " is the global batch: it must split evenly ",
+             "over the ", ranks, " ranks");
+  KILN_CHECK(ranks == 1 || (o.checkpoint_dir.empty() && !o.resume), kiln::ValueError,
+             "--checkpoint-dir is not supported in a data-parallel run yet (every rank would write the same files)");
+  const index_t rank_batch = o.batch / ranks;
   const index_t effective = o.batch * o.accumulate;
   const double lr = kiln::optim::scale_lr(kiln::optim::batch_scaling(o.lr_scaling), o.lr, base_batch, effective);
   kiln::optim::AdamW opt(model, {.lr = lr});
   if (o.plan) return print_plan<Space, Policy>(o, model, opt);
-  kiln::train::Step step(model, opt, exec, Policy{}, {}, {.accumulate = o.accumulate});
+  kiln::train::Step step(model, opt, exec, Policy{}, {}, {.accumulate = o.accumulate, .data_parallel = &group});
   if (o.verify_checkpoints) return verify_checkpoints(o, step);
-  kiln::data::BatchLoader<Space> loader(train_set, {.batch_size = o.batch, .seed = o.seed}, exec);
+  kiln::data::BatchLoader<Space> loader(
+      train_set, {.batch_size = rank_batch, .seed = o.seed, .shard = {group.rank(), ranks}}, exec);
   std::printf("step: %s\neffective batch %lld (%lld x %lld); AdamW lr %g (%s scaling from batch %lld, --lr %g)\n",
               step.describe().c_str(), (long long)effective, (long long)o.batch, (long long)o.accumulate, lr,
               o.lr_scaling.c_str(), (long long)base_batch, o.lr);
+  if (ranks > 1)
+    std::printf("data parallel: %d ranks (%s), batch %lld per rank from its shard of each epoch, gradients averaged "
+                "before each optimizer step\n", ranks, group.backend(), (long long)rank_batch);
 
   std::optional<kiln::train::CheckpointDir> checkpoints;
   kiln::train::TrainPosition at{};
@@ -183,9 +202,10 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
              " batches, more than --epochs ", o.epochs);
   const bool finished = at.epoch == o.epochs;
   std::optional<kiln::io::TrainingLog> log;
-  if (!o.log_dir.empty()) log.emplace(o.log_dir);
+  if (!o.log_dir.empty() && group.is_root()) log.emplace(o.log_dir);
 
   std::vector<double> epoch_seconds;
+  index_t rows_trained = 0;  // by this rank, in this run
   const auto start = std::chrono::steady_clock::now();
   auto window_start = start;
   double window_wait = loader.wait_seconds();
@@ -221,6 +241,7 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
     if (epoch != at.epoch) loss_sum = 0;
     while (const auto* batch = loader.next()) {
       step(*batch);
+      rows_trained += batch->size;
       if (step.window_full()) read_losses();
       if (o.checkpoint_every > 0 && step.stepped() && step.optimizer_steps() % o.checkpoint_every == 0) {
         read_losses();  // the epoch's loss so far goes into the checkpoint
@@ -229,9 +250,10 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
     }
     read_losses();
     epoch_seconds.push_back(seconds_since(t0));
+    double epoch_loss = loss_sum / double(loader.batches_per_epoch());  // over every rank's shard
+    group.all_reduce(&epoch_loss, 1, kiln::dist::ReduceOp::average);
     std::printf("epoch %2lld/%d  train loss %.4f  test accuracy %.4f  %.3f s\n", (long long)epoch + 1, o.epochs,
-                loss_sum / double(loader.batches_per_epoch()), kiln::train::accuracy(model, exec, test_set),
-                epoch_seconds.back());
+                epoch_loss, kiln::train::accuracy(model, exec, test_set), epoch_seconds.back());
   }
   if (checkpoints && !finished) save({o.epochs, 0}, 0.0);
   const double final_accuracy = kiln::train::accuracy(model, exec, test_set);
@@ -243,6 +265,13 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
   std::sort(epoch_seconds.begin(), epoch_seconds.end());
   const auto rep = kiln::train::report(step);
   std::printf("%s", step.mode_report().c_str());
+  if (ranks > 1) {  // samples trained per second of the whole run: this rank's, and the job's
+    const double seconds = seconds_since(start);
+    double rank_rate = double(rows_trained) / seconds, job_rate = rank_rate;
+    group.all_reduce(&job_rate, 1);
+    std::printf("throughput: %.0f samples/s per rank (rank 0), %.0f samples/s over %d ranks\n", rank_rate, job_rate,
+                ranks);
+  }
   std::printf("%sfinal test accuracy %.4f; total %.2f s; median epoch %.4f s; waited for data %.4f s\n"
               "%.1f kernels per training step (%lld predicted at compile time)\nstate crc32c %08x\n",
               rep.str().c_str(), final_accuracy, seconds_since(start), epoch_seconds[epoch_seconds.size() / 2],
@@ -275,6 +304,8 @@ int run(const Options& o, const kiln::data::Dataset& tr, const kiln::data::Datas
 }  // namespace
 
 int main(int argc, char** argv) try {
+  // Under mpirun only rank 0 speaks (errors still come from every rank, on stderr, naming it).
+  if (!kiln::dist::ProcessGroup::world().is_root()) (void)std::freopen("/dev/null", "w", stdout);
   const Options o = parse(argc, argv);
   // --verify-checkpoints and --plan read no data: they only need the model.
   auto data = o.verify_checkpoints || o.plan ? kiln_example::DigitsData{} : kiln_example::load_digits(o.data_dir);
@@ -303,6 +334,5 @@ int main(int argc, char** argv) try {
 #endif
   return run<kiln::host>(o, data.train, data.test);
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "train_digits: %s\n", e.what());
-  return 1;
+  return kiln::dist::fail_job("train_digits", e);  // under mpirun: every rank ends, not only this one
 }

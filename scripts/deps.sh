@@ -6,6 +6,9 @@ need=()
 [ -f /usr/include/doctest/doctest.h ] || need+=(doctest-dev)
 [ -f /usr/include/zlib.h ] || need+=(zlib1g-dev)
 ls /usr/include/x86_64-linux-gnu/openblas*/cblas.h >/dev/null 2>&1 || [ -f /usr/include/cblas.h ] || need+=(libopenblas-dev)
+# MPI for data-parallel jobs (kiln/dist/): mpirun and the headers and library to build against.
+command -v mpirun >/dev/null || need+=(openmpi-bin)
+[ -f /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -f /usr/include/mpi.h ] || need+=(libopenmpi-dev)
 command -v cmake >/dev/null || need+=(cmake)
 command -v g++ >/dev/null || need+=(g++)
 if [ ${#need[@]} -gt 0 ]; then

@@ -64,6 +64,16 @@ struct LoaderOptions {
   bool drop_last = false;  // true: omit a final batch smaller than batch_size
   int workers = 1;         // threads assembling batches; 0 = in next(), on the caller's thread
   int prefetch = 2;        // batches assembled ahead (with workers > 0), at least 1
+  // A data-parallel job's share of every epoch (PyTorch's DistributedSampler, drop_last = false):
+  // every rank draws the same permutation (the same seed), pads it to a multiple of `count` by
+  // repeating its first rows, and rank r takes positions r, r + count, r + 2 count, ... So each
+  // rank sees ceil(n / count) rows an epoch, the shares are disjoint but for the padding, and
+  // batch k of every rank together hold the rows of one process's batch k at count times the
+  // batch size. The default is the whole epoch.
+  struct Shard {
+    int rank = 0, count = 1;
+  };
+  Shard shard = {};
   // Runs on each assembled batch (on a worker thread when workers > 0), e.g. augmentation or
   // normalisation. Must be thread-safe when workers > 1; for randomness, derive it from
   // (epoch, index) with kiln/core/random.hpp so results do not depend on thread timing.
@@ -82,7 +92,13 @@ class Loader {
     KILN_CHECK(opt_.workers == 0 || opt_.prefetch >= 1, ValueError,
                "Loader: prefetch = ", opt_.prefetch,
                " must be at least 1 when workers > 0 (use workers = 0 for none)");
-    const index_t n = ds_->n, b = opt_.batch_size;
+    KILN_CHECK(opt_.shard.count >= 1 && opt_.shard.rank >= 0 && opt_.shard.rank < opt_.shard.count, ValueError,
+               "Loader: shard rank ", opt_.shard.rank, " of ", opt_.shard.count,
+               " (the rank must lie in [0, count), count >= 1)");
+    KILN_CHECK(opt_.shard.count == 1 || ds_->n > 0, ValueError, "Loader: an empty dataset cannot be sharded over ",
+               opt_.shard.count, " ranks");
+    rows_per_epoch_ = (ds_->n + opt_.shard.count - 1) / opt_.shard.count;
+    const index_t n = rows_per_epoch_, b = opt_.batch_size;
     batches_per_epoch_ = opt_.drop_last ? n / b : (n + b - 1) / b;
     const std::size_t slots = opt_.workers == 0 ? 1 : static_cast<std::size_t>(opt_.prefetch) + 1;
     slots_.resize(slots);
@@ -115,6 +131,12 @@ class Loader {
     if (opt_.shuffle)
       Generator(opt_.seed, reserved_stream_base | static_cast<std::uint32_t>(epoch & 0x7fffffff))
           .shuffle(order_);
+    if (opt_.shard.count > 1) {  // padded by repeating from the start, then every count-th
+      std::vector<index_t> mine(static_cast<std::size_t>(rows_per_epoch_));
+      for (index_t i = 0; i < rows_per_epoch_; ++i)
+        mine[std::size_t(i)] = order_[std::size_t((opt_.shard.rank + i * opt_.shard.count) % ds_->n)];
+      order_ = std::move(mine);
+    }
     epoch_ = epoch;
     started_ = true;
     taken_ = next_claim_ = released_ = first_batch;
@@ -163,6 +185,8 @@ class Loader {
   }
 
   index_t batches_per_epoch() const { return batches_per_epoch_; }
+  // Rows an epoch hands out: the dataset's, or this shard's (LoaderOptions::shard).
+  index_t rows_per_epoch() const { return rows_per_epoch_; }
   // The epoch start_epoch() began last, and how many of its batches next() has handed out (the
   // position a checkpoint records).
   index_t epoch() const { return epoch_; }
@@ -190,7 +214,7 @@ class Loader {
 
   // Copies the rows of batch k into `slot`; reads only immutable state (dataset, order_).
   void assemble(Slot& slot, index_t k) {
-    const index_t n = ds_->n, d = ds_->d, b = opt_.batch_size;
+    const index_t n = rows_per_epoch_, d = ds_->d, b = opt_.batch_size;
     const index_t first = k * b, size = std::min(b, n - first);
     slot.rows.assign(order_.begin() + first, order_.begin() + first + size);
     for (index_t r = 0; r < size; ++r) {
@@ -263,6 +287,7 @@ class Loader {
   const Dataset* ds_;
   LoaderOptions opt_;
   index_t batches_per_epoch_ = 0;
+  index_t rows_per_epoch_ = 0;  // this shard's rows (the dataset's without sharding)
   std::vector<index_t> order_;
   std::vector<Slot> slots_;
   std::vector<std::thread> workers_;

@@ -12,7 +12,7 @@
 //
 // Failure: every MPI call returns its error (MPI_ERRORS_RETURN) and becomes a dist::DistError that
 // names the collective, the rank and MPI's message. A rank that fails must not leave the others
-// blocked in a collective: dist::fail_job (the examples' error path) prints the error with the
+// blocked in a collective: dist::fail_job (train_digits' error path) prints the error with the
 // rank and calls MPI_Abort, which ends every process of the job with a non-zero status. A rank killed outright is noticed by mpirun, which
 // ends the job the same way.
 //
@@ -35,6 +35,9 @@
 #define KILN_HAVE_MPI 0  // CMake defines it to 1 where it found MPI (the kiln::mpi target)
 #endif
 #if KILN_HAVE_MPI
+// Only MPI's C interface: its deprecated C++ bindings warn under -Wextra.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #endif
 
@@ -220,14 +223,22 @@ class ProcessGroup {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
-// The error path of a data-parallel program: prints `e` with this rank, then ends every rank of the
-// job (a rank that only returned would leave the others blocked in their next collective).
-// Returns `status` for a process on its own, so `return dist::fail_job(e);` ends main either way.
-inline int fail_job(const std::exception& e, int status = 1) {
-  ProcessGroup& group = ProcessGroup::world();
-  std::fprintf(stderr, "error on %s: %s\n", group.describe().c_str(), e.what());
-  std::fflush(stderr);
-  if (group.size() > 1) group.abort(status);
+// The error path of a program that may run data-parallel: "program: message" on stderr, and in a
+// job of several ranks "program: error on rank r of w (mpi): message", after which every rank of
+// the job ends (a rank that only returned would leave the others blocked in their next
+// collective). Returns `status` for a process on its own: `return dist::fail_job(...)` ends main.
+inline int fail_job(const char* program, const std::exception& e, int status = 1) noexcept {
+  ProcessGroup* group = nullptr;
+  try {
+    group = &ProcessGroup::world();
+  } catch (...) {  // the error may be that the group could not be set up
+  }
+  if (group != nullptr && group->size() > 1) {
+    std::fprintf(stderr, "%s: error on %s: %s\n", program, group->describe().c_str(), e.what());
+    std::fflush(stderr);
+    group->abort(status);
+  }
+  std::fprintf(stderr, "%s: %s\n", program, e.what());
   return status;
 }
 

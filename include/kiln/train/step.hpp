@@ -47,6 +47,7 @@
 #include "kiln/core/memory.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/dist/data_parallel.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/optim/param.hpp"
 #include "kiln/optim/schedule.hpp"
@@ -76,6 +77,12 @@ struct StepOptions {
   index_t max_captured_shapes = 8;
   // mode::max_autotune: where its cache lives and how long it times (kiln/tune/gemm_tuner.hpp).
   tune::GemmTunerOptions autotune = {};
+  // Data-parallel training over this group (kiln/dist/data_parallel.hpp): the ranks' models are
+  // checked alike and start from rank 0's parameters, and each optimizer step averages the
+  // gradients over the ranks first. Each rank feeds its own shard (LoaderOptions::shard). Null, or
+  // a group of one: this process alone. Host models only so far.
+  dist::ProcessGroup* data_parallel = nullptr;
+  dist::DataParallelOptions data_parallel_options = {};
 };
 
 namespace detail {
@@ -161,6 +168,14 @@ class Step {
     if constexpr (std::is_same_v<low_type, bf16>)
       KILN_CHECK(exec.supports_bf16(), ValueError, "train::Step: precision bf16_mixed needs bfloat16 arithmetic, ",
                  "which ", exec.device_name(), " does not have (compute capability 8.0 or newer); use fp16_mixed");
+    if (options.data_parallel != nullptr && options.data_parallel->size() > 1) {
+      KILN_CHECK((std::is_same_v<space, host>), ValueError, "train::Step: data-parallel training of a model on ",
+                 exec.device_name(), " needs NCCL collectives, which kiln does not have yet; train on the CPU "
+                 "under mpirun, or on one GPU");
+      reducer_.emplace(*options.data_parallel, opt_->table(), options.data_parallel_options);
+      reducer_->check_same_model();
+      reducer_->broadcast_parameters();
+    }
     if constexpr (mixed) model.template refresh_low_copies<low_type>(exec);
     opt_->zero_grad(exec, /*set_to_none=*/true);
     if constexpr (autotunes) {
@@ -493,6 +508,7 @@ class Step {
   }
 
   void optimizer_step() {
+    if (reducer_) reducer_->average_gradients();  // before the scaler's check: an overflow anywhere skips everywhere
     const optim::StepGuard guard{scales_loss ? scaler_.found_inf_ptr() : nullptr};
     if constexpr (scales_loss) scaler_.unscale_and_check(opt_->table(), *exec_);
     opt_->template step<kernel_stance>(*exec_, guard);
@@ -514,7 +530,8 @@ class Step {
   Input input_;
   Tensor<float, space, dyn> window_;  // a ring: the latest loss_window losses
   Captures<Input, graph_type> captures_;
-  std::unique_ptr<std::conditional_t<autotunes, tuner_type, int>> tuner_;  // mode::max_autotune's
+  std::unique_ptr<std::conditional_t<autotunes, tuner_type, int>> tuner_;
+  std::optional<dist::GradientReducer> reducer_;  // data-parallel training  // mode::max_autotune's
   index_t window_used_ = 0, window_next_ = 0, losses_dropped_ = 0;
   index_t accumulate_ = 1;
   index_t micro_batches_ = 0;
