@@ -72,7 +72,10 @@ void mode_steps(const char* backend, kiln::index_t batch, int steps, int threads
   struct Run {
     kiln::executor_t<Space> exec;
     Model model{0};
-    kiln::optim::AdamW<Space> opt{model, {.lr = 1e-3}};
+    // Named, not a braced temporary: GCC 12 at -O3 warns of a dangling pointer to one (a false
+    // positive of -Wdangling-pointer through the inherited constructor).
+    kiln::optim::AdamWOptions options{.lr = 1e-3};
+    kiln::optim::AdamW<Space> opt{model, options};
     explicit Run(int threads) : exec(kiln::make_executor<Space>(threads)) {}
   };
   Run d(threads), r(threads), a(threads);

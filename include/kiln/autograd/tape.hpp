@@ -88,6 +88,10 @@ struct BackwardOptions {
   // A training step seeds scale / N to scale the loss and average N accumulated micro-batches.
   double seed = 1.0;
   const float* seed_scale = nullptr;
+  // Called once per leaf that requires a gradient (a parameter) as soon as its gradient is final
+  // in this backward — after the last step that writes it — while later steps still run: a
+  // data-parallel step starts all-reducing it then (kiln/dist/data_parallel.hpp).
+  std::function<void(VarNode&)> on_leaf_ready = {};
 };
 
 struct TapeOptions {
@@ -162,6 +166,13 @@ class Tape {
     exec_->for_each_element(1, 1, detail::Seed<T>{g, options.seed_scale, options.seed}, kind::elementwise, "seed",
                             sizeof(T) + (options.seed_scale ? sizeof(float) : 0));
     root.grad_valid = true;
+    // With on_leaf_ready: how many of these steps write each leaf's gradient (a step may list a
+    // leaf twice, x * x: counted twice).
+    std::unordered_map<VarNode*, std::size_t> writers;
+    if (options.on_leaf_ready)
+      for (const Visit& v : steps)
+        for (const auto& in : v.step->inputs)
+          if (in->requires_grad && !in->grad_fn) ++writers[in.get()];
     for (const Visit& v : steps) {
       Step& step = static_cast<Step&>(*v.step);
       if (step.region.empty()) {
@@ -172,6 +183,9 @@ class Tape {
         exec_->stats().set_region(std::move(outer));
       }
       if (detect_anomaly()) check_backward(step);
+      if (options.on_leaf_ready)
+        for (const auto& in : step.inputs)
+          if (in->requires_grad && !in->grad_fn && --writers[in.get()] == 0) options.on_leaf_ready(*in);
     }
     if (!options.retain_graph) release(steps);
     largest_graph_ = std::max(largest_graph_, steps.size());

@@ -17,15 +17,17 @@
 // ends the job the same way.
 //
 // Threads: MPI is initialised with MPI_THREAD_SERIALIZED — several threads may call the group,
-// one at a time (a communication thread that all-reduces gradients while the main thread runs
-// backward).
+// one at a time (the data-parallel step's communication thread while backward runs, the main
+// thread otherwise).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 #include "kiln/config.hpp"
@@ -138,9 +140,19 @@ class ProcessGroup {
     for (index_t i = 0; i < n; ++i) out[i] = in[i];
   }
 
+  // Waits until every rank has come here. Politely: the wait sleeps between polls instead of
+  // spinning, so a rank that waits leaves the cores to those still working (ranks often
+  // outnumber cores on a development machine).
   void barrier() {
 #if KILN_HAVE_MPI
-    if (mpi_) check("barrier", 0, MPI_Barrier(MPI_COMM_WORLD));
+    if (!mpi_) return;
+    MPI_Request request = MPI_REQUEST_NULL;
+    check("barrier", 0, MPI_Ibarrier(MPI_COMM_WORLD, &request));
+    for (int done = 0;;) {
+      check("barrier", 0, MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
 #endif
   }
 

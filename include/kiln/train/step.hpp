@@ -71,7 +71,9 @@ struct StepOptions {
   GradScalerOptions scaler = {};
   // Called after each micro-batch's backward with the count of micro-batches so far (from 1),
   // before the optimizer part of the step: to look at gradients, or to corrupt one on purpose
-  // (tests of the loss scaler's skip).
+  // (tests of the loss scaler's skip). In a data-parallel step, at the last micro-batch before an
+  // optimizer step it sees the gradients already averaged over the ranks (a change made there
+  // stays on this rank).
   std::function<void(index_t micro_batch)> after_backward = {};
   // mode::reduce_overhead: the most batch shapes captured (past it: an error naming them).
   index_t max_captured_shapes = 8;
@@ -244,8 +246,11 @@ class Step {
     if (window_used_ == options_.loss_window) ++losses_dropped_;
     else ++window_used_;
     ++micro_batches_;
-    if (options_.after_backward) options_.after_backward(micro_batches_);
     stepped_ = micro_batches_ % accumulate_ == 0;
+    // Data-parallel: the gradients averaged over the ranks before anyone looks at them (and
+    // before the scaler's check: an overflow on any rank skips the step on every rank).
+    if (stepped_ && reducer_) reducer_->finish();
+    if (options_.after_backward) options_.after_backward(micro_batches_);
     if (stepped_) optimizer_step();
     if (stepped_ && recording_) stop_recording(rows);
     return *loss;
@@ -323,6 +328,9 @@ class Step {
     return out;
   }
   void forget_captures() { captures_.clear(); }
+
+  // Data-parallel training: the gradient reducer (null when this process trains alone).
+  dist::GradientReducer* reducer() { return reducer_ ? &*reducer_ : nullptr; }
 
   // Continues a run from a checkpoint, after its model, optimizer and scaler state were loaded
   // (train::load_checkpoint calls this): the counts become the checkpoint's, the schedule's rate
@@ -425,7 +433,15 @@ class Step {
     try {
       auto output = model_->forward(tape_, in);
       auto l = loss_fn_(tape_, output, labels);
-      tape_.backward(l, {.seed = 1.0 / double(accumulate_), .seed_scale = scales_loss ? scaler_.scale_ptr() : nullptr});
+      ag::BackwardOptions backward{.seed = 1.0 / double(accumulate_),
+                                   .seed_scale = scales_loss ? scaler_.scale_ptr() : nullptr};
+      // Data-parallel: the last micro-batch before an optimizer step all-reduces each bucket of
+      // gradients as soon as backward has finished it (kiln/dist/data_parallel.hpp).
+      if (reducer_ && reducer_->overlaps() && micro_batches_ % accumulate_ == accumulate_ - 1) {
+        reducer_->begin_backward();
+        backward.on_leaf_ready = [this](ag::VarNode& leaf) { reducer_->leaf_ready(leaf); };
+      }
+      tape_.backward(l, std::move(backward));
       return l;
     } catch (const NumericError& e) {
       if (!ag::detect_anomaly()) throw;
@@ -508,7 +524,6 @@ class Step {
   }
 
   void optimizer_step() {
-    if (reducer_) reducer_->average_gradients();  // before the scaler's check: an overflow anywhere skips everywhere
     const optim::StepGuard guard{scales_loss ? scaler_.found_inf_ptr() : nullptr};
     if constexpr (scales_loss) scaler_.unscale_and_check(opt_->table(), *exec_);
     opt_->template step<kernel_stance>(*exec_, guard);
