@@ -15,9 +15,10 @@
 //   (ag::BackwardOptions::on_leaf_ready); a bucket whose parameters are all final goes to a
 //   communication thread, which packs it, all-reduces it and writes the averages back while
 //   backward goes on. That thread needs a core: where the ranks' compute threads already fill
-//   every core (2 ranks on the 2-core development machine), overlap hid 10-19% of the averaging
-//   but made the step 10-20% slower than averaging after backward (bench/data_parallel); turn it
-//   off there. finish() waits for those and reduces, in order, the buckets that did
+//   every core (2 ranks on the 2-core development machine), overlap hid about 10% of the
+//   averaging but made the step about 3% slower than averaging after backward (batch 256 per
+//   rank, bench/data_parallel); turn it off there. The MLP's first weight, 75% of its gradient
+//   bytes, is finished by backward's last GEMM, so at most a quarter could hide there anyway. finish() waits for those and reduces, in order, the buckets that did
 //   not go early (overlap off, a replayed step that runs no tape, mixed precision's master
 //   gradients). Every rank runs
 //   the same model and the same backward, so every rank issues the same collectives in the same
