@@ -19,7 +19,10 @@
 #include <limits>
 #include <vector>
 
+#include "../cpu/step_helpers.hpp"
+
 using kiln::index_t;
+using kiln_step_test::values_of;
 namespace dist = kiln::dist;
 namespace nn = kiln::nn;
 
@@ -38,13 +41,6 @@ kiln::data::Dataset dataset(index_t n) {
   for (index_t i = 0; i < n * 12; ++i) d.features.push_back(g.uniform(-1.f, 1.f));
   for (index_t i = 0; i < n; ++i) d.labels.push_back(std::int32_t(g.below(4)));
   return d;
-}
-
-template <class Model>
-std::vector<float> values_of(const Model& m) {
-  std::vector<float> out;
-  m.for_each_parameter([&](const auto& v) { out.insert(out.end(), v.value().data(), v.value().data() + v.value().size()); });
-  return out;
 }
 
 double worst_difference(const std::vector<float>& a, const std::vector<float>& b) {

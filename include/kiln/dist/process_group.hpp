@@ -53,9 +53,6 @@ class DistError : public Error {
 
 enum class ReduceOp { sum, average };
 
-// Whether this build can run multi-process jobs (it found MPI at configure time).
-inline constexpr bool have_mpi = KILN_HAVE_MPI != 0;
-
 namespace detail {
 
 inline const char* env(const char* name) {

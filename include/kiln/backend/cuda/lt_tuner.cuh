@@ -78,18 +78,10 @@ class LtTuner final : public LtAlgoChooser {
         c.used = true;
         return c.index;
       }
-      c = measure(r);  // the heuristic no longer offers the cached algorithm there: time again
-      c.used = true;
-      ++tuned_;
-      file_.changed();
+      c = timed_now(r);  // the heuristic no longer offers the cached algorithm there: time again
       return c.index;
     }
-    LtTunedChoice c = measure(r);
-    c.used = true;
-    ++tuned_;
-    file_.changed();
-    entries_.emplace_back(r.key, c);
-    return c.index;
+    return entries_.emplace_back(r.key, timed_now(r)).second.index;
   }
 
   // Writes the cache file when this run timed something new (a warning when it cannot).
@@ -172,6 +164,15 @@ class LtTuner final : public LtAlgoChooser {
     if (buffer.size() > 0) KILN_CUDA_CHECK(cudaMemsetAsync(buffer.data(), 0x3c, std::size_t(buffer.size()), stream));
   }
   static std::size_t elem_bytes(LtType t) { return t == LtType::f32 ? 4 : 2; }
+
+  // A choice timed by this run (the cache file is rewritten at save()).
+  LtTunedChoice timed_now(const LtChoiceRequest& r) {
+    LtTunedChoice c = measure(r);
+    c.used = true;
+    ++tuned_;
+    file_.changed();
+    return c;
+  }
 
   LtTunedChoice measure(const LtChoiceRequest& r) const {
     const MatmulArgs& x = r.args;
