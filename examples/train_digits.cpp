@@ -171,13 +171,24 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
   const double lr = kiln::optim::scale_lr(kiln::optim::batch_scaling(o.lr_scaling), o.lr, base_batch, effective);
   kiln::optim::AdamW opt(model, {.lr = lr});
   if (o.plan) return print_plan<Space, Policy>(o, model, opt);
-  kiln::train::Step step(model, opt, exec, Policy{}, {}, {.accumulate = o.accumulate, .data_parallel = &group});
+  kiln::train::Step step(model, opt, exec, Policy{}, {},
+                         {.accumulate = o.accumulate, .data_parallel = ranks > 1 ? &group : nullptr});
   if (o.verify_checkpoints) return verify_checkpoints(o, step);
   kiln::data::BatchLoader<Space> loader(
       train_set, {.batch_size = rank_batch, .seed = o.seed, .shard = {group.rank(), ranks}}, exec);
   std::printf("step: %s\neffective batch %lld (%lld x %lld); AdamW lr %g (%s scaling from batch %lld, --lr %g)\n",
               step.describe().c_str(), (long long)effective, (long long)o.batch, (long long)o.accumulate, lr,
               o.lr_scaling.c_str(), (long long)base_batch, o.lr);
+  // A value summed or averaged over the ranks: on MPI's host collectives, or (a GPU job torchrun
+  // launched, which has none) through the step's NCCL group.
+  auto over_ranks = [&](double* value, kiln::dist::ReduceOp op) {
+#if KILN_CUDA_COMPILER
+    if constexpr (!std::is_same_v<Space, kiln::host>) {
+      if (!group.host_collectives()) return step.reducer()->nccl().all_reduce_host(value, 1, op);
+    }
+#endif
+    group.all_reduce(value, 1, op);
+  };
   if (ranks > 1)
     std::printf("data parallel: %d ranks (%s), batch %lld per rank from its shard of each epoch, gradients averaged "
                 "before each optimizer step\n", ranks, group.backend(), (long long)rank_batch);
@@ -251,7 +262,7 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
     read_losses();
     epoch_seconds.push_back(seconds_since(t0));
     double epoch_loss = loss_sum / double(loader.batches_per_epoch());  // over every rank's shard
-    group.all_reduce(&epoch_loss, 1, kiln::dist::ReduceOp::average);
+    over_ranks(&epoch_loss, kiln::dist::ReduceOp::average);
     std::printf("epoch %2lld/%d  train loss %.4f  test accuracy %.4f  %.3f s\n", (long long)epoch + 1, o.epochs,
                 epoch_loss, kiln::train::accuracy(model, exec, test_set), epoch_seconds.back());
   }
@@ -268,7 +279,7 @@ int train(const Options& o, const kiln::data::Dataset& train_set, const kiln::da
   if (ranks > 1) {  // samples trained per second of the whole run: this rank's, and the job's
     const double seconds = seconds_since(start);
     double rank_rate = double(rows_trained) / seconds, job_rate = rank_rate;
-    group.all_reduce(&job_rate, 1);
+    over_ranks(&job_rate, kiln::dist::ReduceOp::sum);
     std::printf("throughput: %.0f samples/s per rank (rank 0), %.0f samples/s over %d ranks\n", rank_rate, job_rate,
                 ranks);
   }
@@ -321,6 +332,8 @@ int main(int argc, char** argv) try {
                 (long long)data.test.n, o.digits.c_str(), (long long)data.train.d, Model(o.seed).describe().c_str());
 #if KILN_CUDA_COMPILER
   if (kiln::cu::device_available()) {
+    // Data-parallel on GPUs: each rank takes the device numbered by its rank on the node.
+    if (kiln::dist::ProcessGroup::world().size() > 1) kiln::dist::use_local_device(kiln::dist::ProcessGroup::world());
     std::printf("device: CUDA (%s)\n", kiln::cu::device_name().c_str());
     return run<kiln::cuda>(o, data.train, data.test);
   }

@@ -7,7 +7,9 @@
 #   CUDA graphs, and --mode max_autotune twice: cuBLASLt algorithms timed, then read from the cache) and train_cnn_digits on the GPU and, for comparison,
 #   on the CPU; train_cifar (ResNet-9) at batch 512 beside PyTorch CUDA eager and compiled
 #   (bench/torch_convnet.py --device cuda); and
-#   compute-sanitizer's memcheck, racecheck and initcheck on chosen subsets of the CUDA tests.
+#   compute-sanitizer's memcheck, racecheck and initcheck on chosen subsets of the CUDA tests. The
+#   CUDA tests include the world-size-1 NCCL group and the data-parallel Step through it
+#   (tests/cuda/test_cuda_dist.cu).
 # Everything lands under $OUT (default ./out): logs, bench.jsonl (one JSON line per measurement)
 # and summary.txt, which the script prints at the end.
 #

@@ -10,3 +10,4 @@
 #include "kiln/backend/cuda/executor.cuh"
 #include "kiln/backend/cuda/memory.cuh"
 #include "kiln/backend/cuda/pinned.cuh"
+#include "kiln/dist/device_reducer.cuh"

@@ -2,14 +2,10 @@
 // same parameters, runs forward and backward on its shard of the batch, and before the optimizer
 // step the gradients are averaged over the ranks, so every rank takes the same step.
 //
-// GradientReducer, on the optimizer's parameter table:
-// - check_same_model(): the ranks compare their parameter counts and sizes; the first difference
-//   is a DistError naming the parameter, its size on this rank and on rank 0.
-// - broadcast_parameters(): rank 0's values to every rank (a run starts from one model).
-// - Buckets: about bucket_bytes of gradients each (25 MB, as PyTorch's DDP), one all-reduce per
-//   bucket; first in reverse table order (last layer first), then, after the first backward that
-//   reported every parameter, in the order backward really finished them (as DDP rebuilds its
-//   buckets): a layer's bias and weight travel together, not with the next layer's.
+// GradientReducer, on the optimizer's parameter table (host memory, MPI):
+// - check_same_model(), broadcast_parameters(): one model on every rank, rank 0's values
+//   (kiln/dist/buckets.hpp names the first difference).
+// - Buckets of about bucket_bytes (kiln/dist/buckets.hpp), rebuilt in backward's order.
 // - Overlap (DataParallelOptions::overlap, on by default): during the backward of the last
 //   micro-batch before an optimizer step, the tape says when each parameter's gradient is final
 //   (ag::BackwardOptions::on_leaf_ready); a bucket whose parameters are all final goes to a
@@ -18,18 +14,19 @@
 //   every core (2 ranks on the 2-core development machine), overlap hid about 10% of the
 //   averaging but made the step about 3% slower than averaging after backward (batch 256 per
 //   rank, bench/data_parallel); turn it off there. The MLP's first weight, 75% of its gradient
-//   bytes, is finished by backward's last GEMM, so at most a quarter could hide there anyway. finish() waits for those and reduces, in order, the buckets that did
-//   not go early (overlap off, a replayed step that runs no tape, mixed precision's master
-//   gradients). Every rank runs
-//   the same model and the same backward, so every rank issues the same collectives in the same
-//   order, and the averages are bit for bit those of reducing after backward.
+//   bytes, is finished by backward's last GEMM, so at most a quarter could hide there anyway.
+//   finish() waits for those and reduces, in order, the buckets that did not go early (overlap
+//   off, a replayed step that runs no tape, mixed precision's master gradients). Every rank
+//   issues the same collectives in the same order, and the averages are bit for bit those of
+//   reducing after backward.
 // - Parameters without a gradient this step (frozen, unused) are left out on every rank alike
 //   (the ranks run one model, so the flags agree).
 // With gradient accumulation the step averages once per optimizer step, not per micro-batch. With
 // a loss scaler the check for inf / NaN runs after the average: an overflow on any rank reaches
 // every rank's gradients (inf + x = inf, NaN + x = NaN), so every rank skips the same step.
 //
-// Host tensors only so far (MPI); gradients on a device wait for the NCCL group.
+// Gradients on a device are averaged by dist::DeviceGradientReducer (kiln/dist/device_reducer.cuh,
+// on NCCL); train::Step picks the reducer its executor names.
 #pragma once
 
 #include <algorithm>
@@ -40,13 +37,13 @@
 #include <exception>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "kiln/autograd/var.hpp"
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/dist/buckets.hpp"
 #include "kiln/dist/process_group.hpp"
 #include "kiln/optim/param.hpp"
 
@@ -62,16 +59,12 @@ struct DataParallelOptions {
 class GradientReducer {
  public:
   GradientReducer(ProcessGroup& group, const optim::ParamTable& table, DataParallelOptions options = {})
-      : group_(&group), table_(&table), options_(options) {
-    KILN_CHECK(options.bucket_bytes > 0, ValueError, "dist::GradientReducer: bucket_bytes = ", options.bucket_bytes,
-               " must be positive");
-    std::vector<index_t> order;  // until a backward shows the real order: reverse table order
-    for (index_t k = table.count() - 1; k >= 0; --k) {
-      if (table[k].size > 0) order.push_back(k);
-      if (table[k].has_grad != nullptr) slot_of_flag_[table[k].has_grad] = k;
-    }
-    build_buckets(order);
-  }
+      : group_(&group), table_(&table), options_(options), plan_(table, options.bucket_bytes),
+        packed_(std::size_t(plan_.count())) {}
+  // The form train::Step uses for every executor (a host reducer needs nothing of it).
+  template <class Exec>
+  GradientReducer(ProcessGroup& group, const optim::ParamTable& table, DataParallelOptions options, Exec&)
+      : GradientReducer(group, table, options) {}
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
   ~GradientReducer() {
@@ -84,33 +77,15 @@ class GradientReducer {
   }
 
   ProcessGroup& group() const { return *group_; }
-  index_t buckets() const { return index_t(buckets_.size()); }
+  index_t buckets() const { return plan_.count(); }
   // The bucket a table slot's gradient travels in (-1: none, an empty parameter).
-  index_t bucket_of(index_t slot) const { return slot_bucket_[std::size_t(slot)]; }
+  index_t bucket_of(index_t slot) const { return plan_.bucket_of(slot); }
 
   // throws: DistError naming the first parameter whose count or size differs from rank 0's.
   void check_same_model() {
-    if (group_->size() == 1) return;
-    const index_t count = table_->count();
-    std::vector<std::int64_t> counts(std::size_t(group_->size()));
-    const std::int64_t mine = count;
-    group_->all_gather(&mine, 1, counts.data());
-    for (int r = 0; r < group_->size(); ++r)
-      KILN_CHECK(counts[std::size_t(r)] == counts[0], DistError, "dist: the ranks disagree on the model: rank ", r,
-                 " has ", counts[std::size_t(r)], " parameters, rank 0 has ", counts[0]);
-    std::vector<std::int64_t> sizes(static_cast<std::size_t>(count)), root(static_cast<std::size_t>(count));
-    for (index_t k = 0; k < count; ++k) sizes[std::size_t(k)] = root[std::size_t(k)] = (*table_)[k].size;
-    group_->broadcast(root.data(), count, 0);
-    // Every rank learns whether any differs, so that all fail together (none is left waiting).
-    std::int32_t differs = sizes == root ? 0 : 1;
-    group_->all_reduce(&differs, 1);
-    if (differs == 0) return;
-    for (index_t k = 0; k < count; ++k)
-      KILN_CHECK(sizes[std::size_t(k)] == root[std::size_t(k)], DistError,
-                 "dist: the ranks disagree on the model: parameter ", k, " has ", sizes[std::size_t(k)],
-                 " elements on ", group_->describe(), " but ", root[std::size_t(k)], " on rank 0");
-    throw DistError(::kiln::detail::concat("dist: the ranks disagree on the model: ", differs,
-                                           " rank(s) have parameter sizes unlike rank 0's (their errors name them)"));
+    dist::check_same_model(*table_, group_->size(), [&](const std::int64_t* in, index_t n, std::int64_t* out) {
+      group_->all_gather(in, n, out);
+    });
   }
 
   // Rank 0's parameter values on every rank.
@@ -123,22 +98,13 @@ class GradientReducer {
   bool overlaps() const { return options_.overlap && group_->size() > 1; }
 
   // Before the backward whose gradients the next optimizer step takes.
-  void begin_backward() {
-    for (Bucket& b : buckets_) b.ready = 0, b.launched = false;
-  }
+  void begin_backward() { plan_.begin(); }
 
   // The tape's word that a leaf's gradient is final (ag::BackwardOptions::on_leaf_ready): its
   // bucket goes to the communication thread once all of the bucket's parameters are.
   void leaf_ready(const ag::VarNode& node) {
-    const auto it = slot_of_flag_.find(&node.grad_valid);
-    if (it == slot_of_flag_.end()) return;  // not a parameter of this table (an input, a frozen one)
-    if (!rebuilt_) ready_order_.push_back(it->second);
-    const index_t b = slot_bucket_[std::size_t(it->second)];
-    Bucket& bucket = buckets_[std::size_t(b)];
-    if (++bucket.ready < index_t(bucket.slots.size())) return;
-    for (index_t k : bucket.slots)  // a bucket with a slot that has no gradient waits for finish()
-      if (!(*table_)[k].has_gradient()) return;
-    bucket.launched = true;
+    const index_t b = plan_.leaf_ready(node);
+    if (b < 0) return;
     {
       std::lock_guard lock(mutex_);
       queue_.push_back(b);
@@ -159,32 +125,12 @@ class GradientReducer {
       done_.wait(lock, [&] { return in_flight_ == 0; });
       if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
     }
-    for (Bucket& b : buckets_) {
-      if (b.launched) {
-        ++overlapped_;
-      } else {
-        pack(b);
-        group_->all_reduce(b.packed.data(), index_t(b.packed.size()));
-        unpack(b);
-      }
-      b.launched = false;
-      b.ready = 0;
+    for (index_t b = 0; b < plan_.count(); ++b) {
+      if (plan_.launched(b)) ++overlapped_;
+      else reduce(b);
     }
-    // After the first backward that reported every parameter: buckets in the order gradients
-    // became final (as DDP rebuilds its buckets), so that no bucket waits for a parameter
-    // backward finishes late. The same on every rank: one model, one backward.
-    if (!rebuilt_ && !ready_order_.empty()) {
-      std::vector<index_t> seen = ready_order_;
-      std::sort(seen.begin(), seen.end());
-      std::vector<index_t> all;
-      for (index_t k = 0; k < table_->count(); ++k)
-        if ((*table_)[k].size > 0) all.push_back(k);
-      if (seen == all) {
-        build_buckets(ready_order_);
-        rebuilt_ = true;
-      }
-      ready_order_.clear();
-    }
+    plan_.end_step();
+    packed_.resize(std::size_t(plan_.count()));
     exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -205,48 +151,22 @@ class GradientReducer {
   }
 
  private:
-  struct Bucket {
-    std::vector<index_t> slots;  // table slots, in the order backward finishes them
-    std::vector<float> packed;
-    index_t ready = 0;
-    bool launched = false;
-  };
-
-  // Buckets of about bucket_bytes over the slots in `order` (the order backward finishes them).
-  void build_buckets(const std::vector<index_t>& order) {
-    const index_t per_bucket = std::max<index_t>(1, options_.bucket_bytes / index_t(sizeof(float)));
-    buckets_.clear();
-    slot_bucket_.assign(std::size_t(table_->count()), -1);
-    index_t elements = 0;
-    for (index_t k : order) {
-      if (buckets_.empty() || elements + (*table_)[k].size > per_bucket) {
-        buckets_.emplace_back();
-        elements = 0;
-      }
-      buckets_.back().slots.push_back(k);
-      elements += (*table_)[k].size;
-      slot_bucket_[std::size_t(k)] = index_t(buckets_.size()) - 1;
-    }
-  }
-
-  // The communication thread: packs a bucket, all-reduces it and writes the averages back. (A
-  // non-blocking MPI_Iallreduce polled from here or from backward's steps was slower: MPI moves a
-  // started collective only inside its calls, and its non-blocking algorithms are not its tuned
-  // blocking ones — bench/data_parallel measured 3 to 8 times the exposed time.)
+  // The communication thread: reduces the buckets backward hands it. (A non-blocking
+  // MPI_Iallreduce polled from here or from backward's steps was slower: MPI moves a started
+  // collective only inside its calls, and its non-blocking algorithms are not its tuned blocking
+  // ones — bench/data_parallel measured 3 to 8 times the exposed time.)
   void work() {
     std::unique_lock lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stop_
-      Bucket& bucket = buckets_[std::size_t(queue_.front())];
+      const index_t b = queue_.front();
       queue_.pop_front();
       lock.unlock();
       const auto t0 = std::chrono::steady_clock::now();
       std::exception_ptr failed;
       try {
-        pack(bucket);
-        group_->all_reduce(bucket.packed.data(), index_t(bucket.packed.size()));
-        unpack(bucket);
+        reduce(b);
       } catch (...) {
         failed = std::current_exception();
       }
@@ -258,28 +178,25 @@ class GradientReducer {
     }
   }
 
-  // The bucket's gradients, those that have one this step, into its buffer.
-  void pack(Bucket& bucket) {
-    index_t elements = 0;
-    for (index_t k : bucket.slots)
-      if ((*table_)[k].has_gradient()) elements += (*table_)[k].size;
-    bucket.packed.resize(std::size_t(elements));
+  // Bucket b's gradients (those that have one this step) packed into its buffer, all-reduced, and
+  // the sums, divided by the rank count, written back.
+  void reduce(index_t b) {
+    std::vector<float>& packed = packed_[std::size_t(b)];
+    packed.resize(std::size_t(plan_.elements(b)));
     index_t at = 0;
-    for (index_t k : bucket.slots) {
+    for (index_t k : plan_.slots(b)) {
       const optim::ParamSlot& slot = (*table_)[k];
       if (!slot.has_gradient()) continue;
-      std::memcpy(bucket.packed.data() + at, slot.grad, std::size_t(slot.size) * sizeof(float));
+      std::memcpy(packed.data() + at, slot.grad, std::size_t(slot.size) * sizeof(float));
       at += slot.size;
     }
-  }
-  // The summed buffer, divided by the rank count, back into the gradients.
-  void unpack(Bucket& bucket) {
+    group_->all_reduce(packed.data(), index_t(packed.size()));
     const float scale = 1.0f / float(group_->size());
-    index_t at = 0;
-    for (index_t k : bucket.slots) {
+    at = 0;
+    for (index_t k : plan_.slots(b)) {
       const optim::ParamSlot& slot = (*table_)[k];
       if (!slot.has_gradient()) continue;
-      for (index_t i = 0; i < slot.size; ++i) slot.grad[i] = bucket.packed[std::size_t(at + i)] * scale;
+      for (index_t i = 0; i < slot.size; ++i) slot.grad[i] = packed[std::size_t(at + i)] * scale;
       at += slot.size;
     }
   }
@@ -287,13 +204,10 @@ class GradientReducer {
   ProcessGroup* group_;
   const optim::ParamTable* table_;
   DataParallelOptions options_;
-  std::vector<Bucket> buckets_;
-  std::vector<index_t> slot_bucket_;                       // table slot -> its bucket
-  std::unordered_map<const bool*, index_t> slot_of_flag_;  // a parameter's grad_valid -> its slot
+  BucketPlan plan_;
+  std::vector<std::vector<float>> packed_;  // a buffer per bucket (the thread and finish() use different ones)
   index_t overlapped_ = 0;
   double exposed_seconds_ = 0;
-  std::vector<index_t> ready_order_;  // slots in the order the first backward finished them
-  bool rebuilt_ = false;              // the buckets follow that order
   // The communication thread and what it shares with finish() (under mutex_).
   std::thread worker_;
   mutable std::mutex mutex_;

@@ -5,16 +5,21 @@
 // - Launched by mpirun / mpiexec (OpenMPI's OMPI_COMM_WORLD_SIZE, MPICH's PMI_SIZE, PMIx's
 //   PMIX_RANK in the environment): MPI is initialised and gives the rank, the world size and the
 //   rank on this node (MPI_COMM_TYPE_SHARED), which picks the GPU.
-// - Launched by torchrun (RANK and WORLD_SIZE set, no MPI launcher): refused with a sentence. The
-//   host collectives run on MPI, which needs its launcher: a CPU job is launched with mpirun.
+// - Launched by torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+//   MASTER_PORT set, no MPI launcher): the place comes from those variables. Such a group serves
+//   GPU jobs, whose collectives run on NCCL (kiln/dist/nccl.cuh): it shares NCCL's unique id by a
+//   TCP rendezvous (kiln/dist/tcp_rendezvous.hpp) on MASTER_ADDR, port MASTER_PORT + 1 (torchrun's
+//   own store holds MASTER_PORT; KILN_RENDEZVOUS_PORT overrides). Its host collectives refuse with
+//   a sentence: they run on MPI, so a CPU job is launched with mpirun.
 // - Neither: world size 1. Collectives return at once (an average divides by 1), nothing of MPI
 //   is touched, and the code runs exactly as it does without this header.
 //
 // Failure: every MPI call returns its error (MPI_ERRORS_RETURN) and becomes a dist::DistError that
 // names the collective, the rank and MPI's message. A rank that fails must not leave the others
 // blocked in a collective: dist::fail_job (train_digits' error path) prints the error with the
-// rank and calls MPI_Abort, which ends every process of the job with a non-zero status. A rank killed outright is noticed by mpirun, which
-// ends the job the same way.
+// rank and calls MPI_Abort, which ends every process of the job with a non-zero status (under
+// torchrun the rank exits, and torchrun ends the others). A rank killed outright is noticed by
+// the launcher, which ends the job the same way.
 //
 // Threads: MPI is initialised with MPI_THREAD_SERIALIZED — several threads may call the group,
 // one at a time (the data-parallel step's communication thread while backward runs, the main
@@ -32,6 +37,8 @@
 
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/dist/dist_error.hpp"
+#include "kiln/dist/tcp_rendezvous.hpp"
 
 #ifndef KILN_HAVE_MPI
 #define KILN_HAVE_MPI 0  // CMake defines it to 1 where it found MPI (the kiln::mpi target)
@@ -44,12 +51,6 @@
 #endif
 
 namespace kiln::dist {
-
-// A collective or the group's set-up failed (another rank died, MPI refused, ranks disagree).
-class DistError : public Error {
- public:
-  using Error::Error;
-};
 
 enum class ReduceOp { sum, average };
 
@@ -64,6 +65,44 @@ inline bool launched_by_mpi() {
   return env("OMPI_COMM_WORLD_SIZE") != nullptr || env("PMI_SIZE") != nullptr || env("PMIX_RANK") != nullptr;
 }
 inline bool launched_by_torchrun() { return env("WORLD_SIZE") != nullptr && env("RANK") != nullptr; }
+
+// A whole number from the environment variable `name` in [low, high).
+// throws: DistError naming the variable and its value.
+inline int env_int(const char* name, int low, long long high, const char* fallback = nullptr) {
+  const char* v = env(name);
+  if (v == nullptr) v = fallback;
+  KILN_CHECK(v != nullptr, DistError, "kiln::dist: launched by torchrun (RANK and WORLD_SIZE set) but ", name,
+             " is not set; torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  KILN_CHECK(end != v && *end == '\0' && x >= low && x < high, DistError, "kiln::dist: ", name, "=", v,
+             " must be a whole number in [", low, ", ", high, ")");
+  return int(x);
+}
+
+// A process's place in a job torchrun launched, from its variables (see the file comment).
+struct TorchrunPlace {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  RendezvousOptions rendezvous;
+};
+// throws: DistError naming a variable that is missing or out of range.
+inline TorchrunPlace torchrun_place() {
+  TorchrunPlace p;
+  p.size = env_int("WORLD_SIZE", 1, INT32_MAX);
+  p.rank = env_int("RANK", 0, p.size);
+  p.local_size = env_int("LOCAL_WORLD_SIZE", 1, p.size + 1ll, p.size == 1 ? "1" : nullptr);
+  p.local_rank = env_int("LOCAL_RANK", 0, p.local_size, p.size == 1 ? "0" : nullptr);
+  if (p.size > 1) {
+    const char* address = env("MASTER_ADDR");
+    KILN_CHECK(address != nullptr, DistError, "kiln::dist: launched by torchrun with WORLD_SIZE=", p.size,
+               " but MASTER_ADDR is not set (rank 0's host, for the rendezvous)");
+    p.rendezvous.address = address;
+    p.rendezvous.port = env("KILN_RENDEZVOUS_PORT") != nullptr ? env_int("KILN_RENDEZVOUS_PORT", 1, 65536)
+                                                              : env_int("MASTER_PORT", 1, 65535) + 1;
+    p.rendezvous.timeout_seconds = timeout_seconds();
+  }
+  return p;
+}
 
 }  // namespace detail
 
@@ -81,8 +120,24 @@ class ProcessGroup {
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
   bool is_root() const { return rank_ == 0; }
-  // "mpi", or "single" for a process on its own.
-  const char* backend() const { return mpi_ ? "mpi" : "single"; }
+  // "mpi", "torchrun" (no host collectives), or "single" for a process on its own.
+  const char* backend() const { return mpi_ ? "mpi" : size_ > 1 ? "torchrun" : "single"; }
+  // Whether all_reduce, broadcast, all_gather and barrier work on host memory here (every group
+  // but one of several ranks that torchrun launched).
+  bool host_collectives() const { return mpi_ || size_ == 1; }
+
+  // Rank 0's n bytes at `bytes` on every rank: MPI's broadcast, or under torchrun the TCP
+  // rendezvous (how a device group shares NCCL's unique id).
+  void share_from_root(void* bytes, std::size_t n) {
+    if (size_ == 1) return;
+#if KILN_HAVE_MPI
+    if (mpi_) {
+      check("broadcast", index_t(n), MPI_Bcast(bytes, int(n), MPI_BYTE, 0, MPI_COMM_WORLD));
+      return;
+    }
+#endif
+    tcp_share_from_root(rendezvous_, rank_, size_, bytes, n);
+  }
 
   // data[0, n) on every rank becomes the element-wise sum (or average) over the ranks.
   template <class T>
@@ -92,6 +147,7 @@ class ProcessGroup {
                   "kiln::dist::all_reduce sums float, double, int32 or int64 elements; reduce half-precision "
                   "gradients in float");
     check_count("all_reduce", n);
+    require_host_collectives("all_reduce");
 #if KILN_HAVE_MPI
     if (mpi_ && n > 0)
       check("all_reduce", n, MPI_Allreduce(MPI_IN_PLACE, data, int(n), mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD));
@@ -111,6 +167,7 @@ class ProcessGroup {
   void broadcast(T* data, index_t n, int root = 0) {
     static_assert(std::is_trivially_copyable_v<T>, "kiln::dist::broadcast copies bytes: T must be trivially copyable");
     check_count("broadcast", n);
+    require_host_collectives("broadcast");
     KILN_CHECK(root >= 0 && root < size_, DistError, "kiln::dist: broadcast from rank ", root, " in a group of ",
                size_);
 #if KILN_HAVE_MPI
@@ -125,6 +182,7 @@ class ProcessGroup {
   void all_gather(const T* in, index_t n, T* out) {
     static_assert(std::is_trivially_copyable_v<T>, "kiln::dist::all_gather copies bytes: T must be trivially copyable");
     check_count("all_gather", n * size_);
+    require_host_collectives("all_gather");
 #if KILN_HAVE_MPI
     if (mpi_) {
       if (n > 0) {
@@ -141,6 +199,7 @@ class ProcessGroup {
   // spinning, so a rank that waits leaves the cores to those still working (ranks often
   // outnumber cores on a development machine).
   void barrier() {
+    require_host_collectives("barrier");
 #if KILN_HAVE_MPI
     if (!mpi_) return;
     MPI_Request request = MPI_REQUEST_NULL;
@@ -198,11 +257,17 @@ class ProcessGroup {
           "kiln::dist: launched by mpirun, but this build has no MPI; install it (scripts/deps.sh installs "
           "openmpi-bin and libopenmpi-dev) and configure again");
 #endif
-    } else if (detail::launched_by_torchrun() && std::atoi(detail::env("WORLD_SIZE")) > 1) {
-      throw DistError(::kiln::detail::concat(
-          "kiln::dist: launched by torchrun (WORLD_SIZE=", detail::env("WORLD_SIZE"),
-          "), but kiln's host collectives run on MPI: launch with mpirun -np N instead"));
+    } else if (detail::launched_by_torchrun()) {
+      const detail::TorchrunPlace p = detail::torchrun_place();
+      rank_ = p.rank, size_ = p.size, local_rank_ = p.local_rank, local_size_ = p.local_size;
+      rendezvous_ = p.rendezvous;
     }
+  }
+
+  void require_host_collectives(const char* what) const {
+    KILN_CHECK(host_collectives(), DistError, "kiln::dist: ", what, " on host memory in a job torchrun launched (",
+               describe(), "): kiln's host collectives run on MPI; launch a CPU job with mpirun -np N (a GPU job ",
+               "runs its collectives on NCCL under either launcher)");
   }
 
   static void check_count(const char* what, index_t n) {
@@ -229,8 +294,18 @@ class ProcessGroup {
 #endif
 
   bool mpi_ = false;
+  RendezvousOptions rendezvous_;  // torchrun's
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
+
+// A rank uses the device numbered by its rank on the node, so a node cannot run more ranks than
+// it has devices.
+// throws: DistError naming both counts.
+inline void check_devices_per_node(int ranks_on_node, int devices) {
+  KILN_CHECK(ranks_on_node <= devices, DistError, "kiln::dist: ", ranks_on_node, " ranks run on this node but it has ",
+             devices, " CUDA device", devices == 1 ? "" : "s", "; each rank needs its own (launch at most ", devices,
+             " per node)");
+}
 
 // The error path of a program that may run data-parallel: "program: message" on stderr, and in a
 // job of several ranks "program: error on rank r of w (mpi): message", after which every rank of

@@ -79,10 +79,11 @@ struct StepOptions {
   index_t max_captured_shapes = 8;
   // mode::max_autotune: where its cache lives and how long it times (kiln/tune/gemm_tuner.hpp).
   tune::GemmTunerOptions autotune = {};
-  // Data-parallel training over this group (kiln/dist/data_parallel.hpp): the ranks' models are
-  // checked alike and start from rank 0's parameters, and each optimizer step averages the
-  // gradients over the ranks first. Each rank feeds its own shard (LoaderOptions::shard). Null, or
-  // a group of one: this process alone. Host models only so far.
+  // Data-parallel training over this group (kiln/dist/data_parallel.hpp; on a GPU,
+  // kiln/dist/device_reducer.cuh over NCCL): the ranks' models are checked alike and start from
+  // rank 0's parameters, and each optimizer step averages the gradients over the ranks first. Each
+  // rank feeds its own shard (LoaderOptions::shard). Null: this process alone. A group of one
+  // rank is data-parallel over one rank (on a GPU its collectives run, as DDP's do at world size 1).
   dist::ProcessGroup* data_parallel = nullptr;
   dist::DataParallelOptions data_parallel_options = {};
 };
@@ -104,6 +105,17 @@ struct gemm_tuner_of {
 template <class Exec>
 struct gemm_tuner_of<Exec, std::void_t<typename Exec::gemm_tuner>> {
   using type = typename Exec::gemm_tuner;
+};
+
+// The gradient reducer of a data-parallel step on an executor: the one it names (`using
+// gradient_reducer`, CUDA's dist::DeviceGradientReducer on NCCL), else the host one on MPI.
+template <class Exec, class = void>
+struct gradient_reducer_of {
+  using type = dist::GradientReducer;
+};
+template <class Exec>
+struct gradient_reducer_of<Exec, std::void_t<typename Exec::gradient_reducer>> {
+  using type = typename Exec::gradient_reducer;
 };
 
 template <class Model, class Optimizer, class Exec, class Policy = kiln::policy<>, class Loss = CrossEntropy>
@@ -136,6 +148,7 @@ class Step {
   using graph_type = typename step_graph_of<Exec>::type;
   // mode::max_autotune's GEMM tuner on this executor (void where there is none).
   using tuner_type = typename gemm_tuner_of<Exec>::type;
+  using reducer_type = typename gradient_reducer_of<Exec>::type;
   // Whether GEMMs are autotuned here (mode::max_autotune on the CPU and on CUDA).
   static constexpr bool autotunes = Policy::mode::autotunes && !std::is_void_v<tuner_type>;
   static constexpr bool scales_loss = Policy::loss_scaling::on;
@@ -170,11 +183,8 @@ class Step {
     if constexpr (std::is_same_v<low_type, bf16>)
       KILN_CHECK(exec.supports_bf16(), ValueError, "train::Step: precision bf16_mixed needs bfloat16 arithmetic, ",
                  "which ", exec.device_name(), " does not have (compute capability 8.0 or newer); use fp16_mixed");
-    if (options.data_parallel != nullptr && options.data_parallel->size() > 1) {
-      KILN_CHECK((std::is_same_v<space, host>), ValueError, "train::Step: data-parallel training of a model on ",
-                 exec.device_name(), " needs NCCL collectives, which kiln does not have yet; train on the CPU "
-                 "under mpirun, or on one GPU");
-      reducer_.emplace(*options.data_parallel, opt_->table(), options.data_parallel_options);
+    if (options.data_parallel != nullptr) {
+      reducer_.emplace(*options.data_parallel, opt_->table(), options.data_parallel_options, exec);
       reducer_->check_same_model();
       reducer_->broadcast_parameters();
     }
@@ -330,7 +340,7 @@ class Step {
   void forget_captures() { captures_.clear(); }
 
   // Data-parallel training: the gradient reducer (null when this process trains alone).
-  dist::GradientReducer* reducer() { return reducer_ ? &*reducer_ : nullptr; }
+  reducer_type* reducer() { return reducer_ ? &*reducer_ : nullptr; }
 
   // Continues a run from a checkpoint, after its model, optimizer and scaler state were loaded
   // (train::load_checkpoint calls this): the counts become the checkpoint's, the schedule's rate
@@ -546,7 +556,7 @@ class Step {
   Tensor<float, space, dyn> window_;  // a ring: the latest loss_window losses
   Captures<Input, graph_type> captures_;
   std::unique_ptr<std::conditional_t<autotunes, tuner_type, int>> tuner_;
-  std::optional<dist::GradientReducer> reducer_;  // data-parallel training  // mode::max_autotune's
+  std::optional<reducer_type> reducer_;  // data-parallel training  // mode::max_autotune's
   index_t window_used_ = 0, window_next_ = 0, losses_dropped_ = 0;
   index_t accumulate_ = 1;
   index_t micro_batches_ = 0;

@@ -169,6 +169,10 @@ template <class T>
 inline constexpr int packet_lanes_for = sizeof(T) == 4 ? 4 : (sizeof(T) == 2 ? 8 : 0);
 }  // namespace kiln::cu::detail
 
+namespace kiln::dist {
+class DeviceGradientReducer;  // kiln/dist/device_reducer.cuh (kiln/cuda.cuh includes it)
+}  // namespace kiln::dist
+
 namespace kiln {
 
 class CudaExecutor {
@@ -221,6 +225,9 @@ class CudaExecutor {
   using gemm_tuner = cu::LtTuner;
   void set_gemm_chooser(cu::LtAlgoChooser* chooser) { lt_.set_algo_chooser(chooser); }
   cu::LtAlgoChooser* gemm_chooser() const { return lt_.algo_chooser(); }
+
+  // ---- data-parallel training: train::Step averages gradients over the ranks on NCCL ------------
+  using gradient_reducer = dist::DeviceGradientReducer;
 
   // ---- CUDA-graph capture (mode::reduce_overhead, kiln/backend/cuda/step_graph.cuh) ----------
   using step_graph = cu::StepGraph;
