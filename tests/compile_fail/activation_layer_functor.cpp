@@ -1,5 +1,6 @@
 // expect: Sequential: this activation layer's functor is not a kiln::fn::unary_functor
 // A hand-written activation layer (not derived from nn::Activation) whose functor has no d().
+// Control: the functor gets its derivative d().
 #include <kiln/nn/activation.hpp>
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/sequential.hpp>
@@ -10,6 +11,12 @@ struct Cube {
   KILN_HOST_DEVICE T operator()(T x) const {
     return x * x * x;
   }
+#ifdef KILN_COMPILE_FAIL_CONTROL
+  template <class T>
+  KILN_HOST_DEVICE T d(T x) const {
+    return T(3) * x * x;
+  }
+#endif
 };
 struct CubeLayer {
   static constexpr bool is_activation = true;

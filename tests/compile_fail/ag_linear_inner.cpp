@@ -7,7 +7,11 @@ int main() {
   kiln::CpuExecutor exec;
   kiln::ag::Tape<kiln::CpuExecutor> tape(exec);
   kiln::ag::Var<float, kiln::host, 4, 3> x;
+#ifdef KILN_COMPILE_FAIL_CONTROL
+  kiln::ag::Var<float, kiln::host, 5, 3> w;
+#else
   kiln::ag::Var<float, kiln::host, 5, 2> w;
+#endif
   auto y = kiln::ag::linear(tape, x, w);
   (void)y;
 }

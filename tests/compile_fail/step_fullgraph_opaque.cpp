@@ -1,5 +1,6 @@
 // expect: the policy says kiln::fullgraph, but the model has an opaque layer
 // fullgraph promises a step kiln sees whole; an opaque function is a boundary it cannot see through.
+// Control: the same model without the opaque layer, under the same fullgraph policy.
 #include <kiln/train.hpp>
 
 struct Halve {
@@ -11,8 +12,12 @@ struct Halve {
 };
 
 int main() {
+#ifdef KILN_COMPILE_FAIL_CONTROL
+  using Model = kiln::nn::Sequential<kiln::nn::Linear<4, 8>, kiln::nn::ReLU, kiln::nn::Linear<8, 2>>;
+#else
   using Model = kiln::nn::Sequential<kiln::nn::Linear<4, 8>, kiln::nn::ReLU, kiln::nn::Opaque<Halve>,
                                      kiln::nn::Linear<8, 2>>;
+#endif
   kiln::CpuExecutor exec;
   Model model;
   kiln::optim::AdamW opt(model, {});

@@ -62,24 +62,30 @@ void fill(Tn& t, const Domain& d, std::mt19937& rng) {
   fill(t.data(), t.size(), d, rng);
 }
 
-// Relative-plus-absolute tolerance per element type: a few ulps of float, or of double.
+// A relative tolerance per element type: a few ulps of float (2e-6 is 17 ulps), or of double.
+// Relative, so that small results are checked as closely as large ones: softplus(-20) = 2e-9
+// computed as log(1 + exp(x)), or gelu(-6) = -6e-9 returned as 0, must fail. The absolute floor
+// only forgives results below the smallest normal number (flushed or denormal).
 template <class T>
 constexpr double tol() {
   return std::is_same_v<T, float> ? 2e-6 : 1e-13;
 }
-bool close(double got, double ref, double tol) {
+// `terms`: the size of the terms an expression of several operations adds, whose rounding
+// (one float product, say) survives their cancellation: the bound becomes tol * (|ref| + terms).
+bool close(double got, double ref, double tol, double terms = 0) {
   if (std::isnan(ref)) return std::isnan(got);
   if (std::isinf(ref)) return got == ref;
-  return std::abs(got - ref) <= tol * (1 + std::abs(ref));
+  const double floor = tol < 1e-9 ? 2.3e-308 : 1.2e-38;
+  return std::abs(got - ref) <= tol * (std::abs(ref) + terms) + floor;
 }
 
 // Checks got[i] against ref(i) for all i and reports the first mismatch (one CHECK, not one per
 // element, so a million-element failure stays readable).
 template <class Got, class Ref>
-void check_all(index_t n, Got got, Ref ref, double tolerance) {
+void check_all(index_t n, Got got, Ref ref, double tolerance, double terms = 0) {
   index_t bad = 0, first = -1;
   for (index_t i = 0; i < n; ++i) {
-    if (!close(double(got(i)), ref(i), tolerance)) {
+    if (!close(double(got(i)), ref(i), tolerance, terms)) {
       if (first < 0) first = i;
       ++bad;
     }
@@ -95,10 +101,12 @@ constexpr index_t big_size = 1000003;
 
 // ---- references, written independently of kiln's functors --------------------------------------
 double ref_sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
-double ref_gelu(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+// Both GELUs in forms that keep their lower tail (1 + erf(x/√2) and 1 + tanh u cancel for x << 0,
+// which a relative check at double precision sees).
+double ref_gelu(double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }
 double ref_gelu_tanh(double x) {
   const double k = std::sqrt(2 / 3.14159265358979323846);
-  return 0.5 * x * (1 + std::tanh(k * (x + 0.044715 * x * x * x)));
+  return x / (1 + std::exp(-2 * k * (x + 0.044715 * x * x * x)));  // ½x(1 + tanh u) = x σ(2u)
 }
 
 template <class T>
@@ -245,6 +253,52 @@ TEST_CASE_TEMPLATE("unary ops match an fp64 reference", T, float, double) {
   }
 }
 
+// Where a careless formula loses its digits: softplus as log(1 + e^x) far below 0, log1p as
+// log(1 + x) near 0, gelu through 1 + erf, sigmoid / tanh / silu far out. Checked relatively, so
+// a result that is 20% off at 3e-7, or 0 instead of -6e-9, fails.
+TEST_CASE_TEMPLATE("unary ops keep their tails: tiny results checked relatively", T, float, double) {
+  kiln::CpuExecutor exec(1);
+  struct Tail {
+    const char* name;
+    std::vector<double> points;
+    std::function<double(double)> ref;
+    std::function<void(kiln::CpuExecutor&, Vec<T>&, const Vec<T>&)> run;
+  };
+  using E = kiln::CpuExecutor;
+  const std::vector<Tail> tails{
+      // Above 20 softplus is x itself (PyTorch's threshold; 25 + 1.4e-11 is 25 in float anyway).
+      {"softplus", {-15, -17.5, -20, -25, -30, -60, 15, 25, 30, 60},
+       [](double x) { return x > 20 ? x : std::log1p(std::exp(x)); },
+       [](E& e, Vec<T>& y, const Vec<T>& x) { kiln::assign(y, kiln::softplus(x), e); }},
+      {"log1p", {1e-6, -1e-6, 1e-10, -3e-8, 1e-20, 0.5}, [](double x) { return std::log1p(x); },
+       [](E& e, Vec<T>& y, const Vec<T>& x) { kiln::assign(y, kiln::log1p(x), e); }},
+      {"exp", {-20, -40, -80, -0.001, 1e-7, 80}, [](double x) { return std::exp(x); },
+       [](E& e, Vec<T>& y, const Vec<T>& x) { kiln::assign(y, kiln::exp(x), e); }},
+      {"gelu", {-6, -7, -8, -9, -1e-6, 6, 9}, ref_gelu,
+       [](E& e, Vec<T>& y, const Vec<T>& x) { kiln::assign(y, kiln::gelu(x), e); }},
+      {"gelu_tanh", {-5, -6, -7, -1e-6, 6}, ref_gelu_tanh,
+       [](E& e, Vec<T>& y, const Vec<T>& x) { kiln::assign(y, kiln::gelu_tanh(x), e); }},
+      {"sigmoid", {-30, -50, -80, 30, 50, 1e-7}, ref_sigmoid,
+       [](E& e, Vec<T>& y, const Vec<T>& x) { kiln::assign(y, kiln::sigmoid(x), e); }},
+      {"tanh", {1e-4, -1e-5, 1e-9, 10, -20, 40}, [](double x) { return std::tanh(x); },
+       [](E& e, Vec<T>& y, const Vec<T>& x) { kiln::assign(y, kiln::tanh(x), e); }},
+      {"silu", {-30, -50, -80, 30, 1e-7}, [](double x) { return x * ref_sigmoid(x); },
+       [](E& e, Vec<T>& y, const Vec<T>& x) { kiln::assign(y, kiln::silu(x), e); }},
+  };
+  for (const Tail& t : tails) {
+    INFO("op = " << std::string(t.name));
+    const index_t n = index_t(t.points.size());
+    Vec<T> x(n), y(n);
+    for (index_t i = 0; i < n; ++i) x(i) = T(t.points[std::size_t(i)]);
+    t.run(exec, y, x);
+    for (index_t i = 0; i < n; ++i) {
+      const double want = t.ref(double(x(i)));
+      INFO("x = " << double(x(i)) << ": got " << double(y(i)) << ", reference " << want);
+      CHECK(close(double(y(i)), want, tol<T>()));
+    }
+  }
+}
+
 TEST_CASE_TEMPLATE("binary and ternary ops match an fp64 reference", T, float, double) {
   const std::uint32_t seed = test_seed();
   INFO("seed = " << seed << " (KILN_TEST_SEED replays it)");
@@ -386,7 +440,9 @@ TEST_CASE_TEMPLATE("broadcasting: scalar, row vector over rows, column over colu
     kiln::assign(y, x - col, exec);
     check_all(R * C, got, at([&](index_t r, index_t c) { return double(x(r, c)) - col(r, 0); }), tol<T>());
     kiln::assign(y, row1 * x + col, exec);
-    check_all(R * C, got, at([&](index_t r, index_t c) { return double(row1(0, c)) * x(r, c) + col(r, 0); }), tol<T>());
+    // A rounded product, then a sum that may cancel it: checked against the terms' size.
+    check_all(R * C, got, at([&](index_t r, index_t c) { return double(row1(0, c)) * x(r, c) + col(r, 0); }), tol<T>(),
+              1.0);
     // Only broadcast leaves: a row plus a column is an outer sum.
     kiln::assign(y, row + col, exec);
     check_all(R * C, got, at([&](index_t r, index_t c) { return double(row(c)) + col(r, 0); }), tol<T>());
@@ -545,7 +601,7 @@ TEST_CASE_TEMPLATE("in-place updates read each element before writing it", T, fl
                 const double v = 2 * double(x0(i)) + y(i);
                 return std::max(v, double(y(i))) - v;
               },
-              tol<T>());
+              tol<T>(), 3.0);  // x holds 2 x0 + y rounded; the difference may cancel that rounding
   }
   // The same strided walk on both sides is in place too.
   Mat<T> m(6, 6);
@@ -666,7 +722,8 @@ TEST_CASE_TEMPLATE("fused and force_eager agree; launches are counted and named"
 
     check_all(n, [&](index_t i) { return eager(i); }, [&](index_t i) { return double(fused(i)); }, tol<T>());
     check_all(n, [&](index_t i) { return fused(i); },
-              [&](index_t i) { return std::max(double(x(i)) * a + b, 0.0) * c - d; }, tol<T>());
+              [&](index_t i) { return std::max(double(x(i)) * a + b, 0.0) * c - d; }, tol<T>(),
+              std::abs(c) * (std::abs(a) + std::abs(b)) + std::abs(d));  // the terms' size
 
     // Without recording the launch is still counted, under a generic name.
     exec.stats().reset();

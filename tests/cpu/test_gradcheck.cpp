@@ -177,6 +177,21 @@ TEST_CASE("gradcheck catches a wrong gradient and names the input and element") 
   CHECK(ok.max_abs_err < 1e-6);
 }
 
+TEST_CASE("gradcheck's default tolerances fail a gradient 0.1% off, which PyTorch's defaults let pass") {
+  // y = 1.001 x computed by hand after a recorded y = x: the tape's gradient is 0.1% low.
+  auto scaled = [](Tape& t, In& x) {
+    ag::Var<double, host, dyn, dyn> y = ag::map(t, x[0] * 1.0);
+    double* yp = y.value().data();
+    for (index_t i = 0; i < y.value().size(); ++i) yp[i] *= 1.001;
+    return y;
+  };
+  const auto strict = gradcheck(scaled, {input(3, 4, 111)});
+  CHECK_FALSE(strict.ok);
+  CHECK(strict.report.find("12 of 12") != std::string::npos);
+  const auto torch_defaults = gradcheck(scaled, {input(3, 4, 111)}, {.atol = 1e-5, .rtol = 1e-3});
+  CHECK(torch_defaults.ok);
+}
+
 TEST_CASE("gradcheck from plain values; the inputs are restored") {
   std::vector<HostMatrix<double>> values;
   values.emplace_back(2, 3);

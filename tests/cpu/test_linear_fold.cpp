@@ -58,12 +58,20 @@ struct Grads {
   std::vector<double> dx, dw1, db1, dw2, db2, dw3;
 };
 
+// The sizes: rows of x, its features, the hidden width (h's columns: the epilogue's act' and
+// bias sums work in chunks of 64 columns), the widths of the consumers' GEMMs, and threads.
+struct Dims {
+  index_t rows = 7, in = 5, hidden = 6, out = 4, side = 3;
+  int threads = 1;
+};
+
 // loss of h = act(x·w1ᵀ + b1) through the consumers; fused: ag::linear, else matmul + map.
 template <class Act>
-Grads run(bool fused, consumers c) {
-  V x = matrix(7, 5, 1), w1 = matrix(6, 5, 2), w2 = matrix(4, 6, 3), w3 = matrix(3, 6, 4);
-  B b1 = vector(6, 5), b2 = vector(4, 6);
-  CpuExecutor exec(1);
+Grads run(bool fused, consumers c, Dims d) {
+  V x = matrix(d.rows, d.in, 1), w1 = matrix(d.hidden, d.in, 2), w2 = matrix(d.out, d.hidden, 3),
+    w3 = matrix(d.side, d.hidden, 4);
+  B b1 = vector(d.hidden, 5), b2 = vector(d.out, 6);
+  CpuExecutor exec(d.threads);
   Tape tape(exec);
   auto layer = [&](const V& in, const V& w, const B& b, auto act) {
     using A = decltype(act);
@@ -92,10 +100,10 @@ Grads run(bool fused, consumers c) {
 }
 
 template <class Act>
-void compare_all() {
+void compare_all(Dims d = {}) {
   for (consumers c : {consumers::gemm, consumers::elementwise, consumers::gemm_and_elementwise, consumers::two_gemms}) {
     CAPTURE(int(c));
-    const Grads want = run<Act>(false, c), got = run<Act>(true, c);
+    const Grads want = run<Act>(false, c, d), got = run<Act>(true, c, d);
     CHECK(std::abs(got.loss - want.loss) <= 1e-12 * std::abs(want.loss));
     check_close(got.dx, want.dx, "dx");
     check_close(got.dw1, want.dw1, "dw1");
@@ -113,6 +121,14 @@ TEST_CASE("ag::linear with a fused epilogue: values and gradients equal the unfu
   SUBCASE("gelu tanh") { compare_all<nn::GELUTanh>(); }
   SUBCASE("gelu erf") { compare_all<nn::GELU>(); }
   SUBCASE("sigmoid") { compare_all<nn::Sigmoid>(); }
+}
+
+TEST_CASE("ag::linear's fused backward over widths past its 64-column chunks, on two threads") {
+  // hidden 150 = two whole chunks and a tail; out 70 crosses one chunk edge too.
+  const Dims wide{.rows = 37, .in = 70, .hidden = 150, .out = 70, .side = 65, .threads = 2};
+  SUBCASE("relu") { compare_all<nn::ReLU>(wide); }
+  SUBCASE("gelu tanh") { compare_all<nn::GELUTanh>(wide); }
+  SUBCASE("sigmoid") { compare_all<nn::Sigmoid>(wide); }
 }
 
 TEST_CASE("ag::linear without an activation or a bias; input without a gradient") {

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -162,15 +163,23 @@ TEST_CASE("loader: prefetching workers give the same batches as workers = 0") {
 
 TEST_CASE("loader: a batch stays valid and unchanged until the next call") {
   const Dataset ds = make_rows(64);
-  Loader loader(ds, {.batch_size = 4, .seed = 1, .workers = 2, .prefetch = 2});
+  // The workers count the batches they assemble; while the consumer holds a batch it waits (a
+  // latch, not a sleep) until the workers have assembled the next one into another buffer.
+  std::atomic<index_t> assembled{0};
+  Loader loader(ds, {.batch_size = 4, .seed = 1, .workers = 2, .prefetch = 2,
+                     .transform = [&](Batch&) { assembled.fetch_add(1); }});
   loader.start_epoch(0);
+  const index_t batches = loader.batches_per_epoch();
   while (const Batch* b = loader.next()) {
     const std::vector<float> before(b->features.begin(), b->features.end());
-    std::this_thread::sleep_for(std::chrono::microseconds(200));  // workers fill other buffers
+    const index_t next_one = std::min(batches, b->index + 2);
+    REQUIRE(finishes_within([&] { while (assembled.load() < next_one) std::this_thread::yield(); },
+                            std::chrono::seconds(10)));
     CHECK(std::equal(before.begin(), before.end(), b->features.begin()));
     CHECK(b->dim == 3);
     CHECK(b->epoch == 0);
   }
+  CHECK(assembled.load() == batches);
 }
 
 TEST_CASE("loader: an exception in a worker reaches the consumer at its batch") {
@@ -192,13 +201,17 @@ TEST_CASE("loader: an exception in a worker reaches the consumer at its batch") 
 
 TEST_CASE("loader: destruction mid-epoch does not hang") {
   const Dataset ds = make_rows(1000);
-  auto slow = [](Batch&) { std::this_thread::sleep_for(std::chrono::milliseconds(1)); };
+  std::atomic<index_t> assembled{0};
+  auto slow = [&](Batch&) {
+    assembled.fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
   // Workers blocked on a full ring, workers mid-batch, never started, and restarted epochs.
   CHECK(finishes_within(
       [&] {
         Loader loader(ds, {.batch_size = 8, .workers = 3, .prefetch = 2, .transform = slow});
         loader.start_epoch(0);
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the ring fill
+        while (assembled.load() < 2) std::this_thread::yield();  // both buffers taken: workers mid-batch, then blocked
       },
       std::chrono::seconds(10)));
   CHECK(finishes_within(
@@ -235,11 +248,19 @@ TEST_CASE("loader: wait_seconds measures time the consumer was blocked") {
   CHECK(sync.wait_seconds() == 0.0);
   CHECK(sync.batches_served() == 0);
 
-  // A consumer slower than the worker finds batches ready: it waits far less than it computes.
-  Loader ahead(ds, {.batch_size = 4, .workers = 1, .prefetch = 2});
+  // A consumer that asks only once the worker has assembled the batch (a latch on the worker's
+  // count, not a sleep) finds it ready: it waits a small part of what the synchronous loader
+  // waited (at least 20 ms, by the sleeps above).
+  std::atomic<index_t> assembled{0};
+  Loader ahead(ds, {.batch_size = 4, .workers = 1, .prefetch = 2, .transform = [&](Batch&) { assembled.fetch_add(1); }});
   ahead.start_epoch(0);
-  while (ahead.next()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  CHECK(ahead.wait_seconds() < 0.040);
+  for (index_t k = 1; k <= ahead.batches_per_epoch(); ++k) {
+    while (assembled.load() < k) std::this_thread::yield();
+    REQUIRE(ahead.next() != nullptr);
+  }
+  CHECK(ahead.next() == nullptr);
+  CHECK(ahead.batches_served() == 10);
+  CHECK(ahead.wait_seconds() < 0.25 * 0.020);
 }
 
 TEST_CASE("loader: invalid use is a ValueError") {
@@ -262,8 +283,7 @@ TEST_CASE("loader: invalid use is a ValueError") {
   CHECK(none.next() == nullptr);
 }
 
-TEST_CASE("loader: digits20 in batches of 64") {
-  if (!kiln::data::have_zlib) return;
+TEST_CASE("loader: digits20 in batches of 64" * doctest::skip(!kiln::data::have_zlib)) {  // the data is gzip'd
   const std::filesystem::path dir = std::filesystem::path(KILN_SOURCE_DIR) / "data";
   const Dataset train = kiln::data::load_idx_classification(
       dir / "digits20-train-images-idx3-ubyte.gz", dir / "digits20-train-labels-idx1-ubyte.gz", 10);

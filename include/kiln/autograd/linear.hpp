@@ -25,6 +25,7 @@
 #include "kiln/autograd/tape.hpp"
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/temp_pool.hpp"
+#include "kiln/expr/elementwise.hpp"  // the + and * its code writes on variables
 
 namespace kiln::ag {
 

@@ -265,7 +265,10 @@ struct FlattenLayout {
       constexpr index_t cols = ((Rest == dyn) || ...) ? dyn : (Rest * ...);
       using V = ag::Var<T, S, D0, cols>;
       const Shape xs = x.shape();
-      const index_t rows = x.dim(0), n = x.value().size(), c = rows > 0 ? n / rows : 0;
+      // The columns from the shape, not n / rows: a batch of 0 rows still has its width.
+      index_t c = 1;
+      for (int d = 1; d < xs.rank; ++d) c *= xs[d];
+      const index_t rows = x.dim(0), n = x.value().size();
       // NHWC: the copy reorders [H*W][C] into [C][H*W]; NCHW: a plain copy (one channel of all).
       const index_t ch = Layout == layout::nhwc ? xs[xs.rank - 1] : 1, hw = ch > 0 ? c / ch : 0;
       V out{typename V::tensor_type(Shape{rows, c})};

@@ -62,8 +62,12 @@ struct CrossEntropyRows {
       per_row[r] = std::numeric_limits<C>::quiet_NaN();
       return;
     }
-    per_row[r] = on * (l - convert<C>(xr[y])) + eps * (l - sx / C(cols));
+    per_row[r] = on * (l - convert<C>(xr[y])) + smoothing(l, sx);
   }
+  // The label-smoothing term, only when there is smoothing: a logit masked with -inf makes
+  // l - mean(x) infinite, and 0 * inf would turn an ordinary row into NaN (PyTorch gives the row's
+  // loss there).
+  KILN_HOST_DEVICE C smoothing(C l, C sx) const { return eps != C(0) ? eps * (l - sx / C(cols)) : C(0); }
   // The same row on a team of threads (CUDA: kiln/backend/cuda/rowwise.cuh).
   template <class Team>
   KILN_DEVICE void row(const Team& t, index_t r) const {
@@ -82,7 +86,7 @@ struct CrossEntropyRows {
     lse[r] = l;
     const std::int32_t y = labels[r];
     per_row[r] = y < 0 || y >= cols ? std::numeric_limits<C>::quiet_NaN()
-                                    : on * (l - convert<C>(xr[y])) + eps * (l - sx / C(cols));
+                                    : on * (l - convert<C>(xr[y])) + smoothing(l, sx);
   }
 };
 
@@ -160,7 +164,7 @@ struct NllRows {
     }
     T sum = 0;
     for (index_t c = 0; c < cols; ++c) sum += lr[c];
-    per_row[r] = -(on * lr[y]) - eps * (sum / T(cols));
+    per_row[r] = -(on * lr[y]) - (eps != T(0) ? eps * (sum / T(cols)) : T(0));  // as cross_entropy: no 0 * -inf
   }
   template <class Team>
   KILN_DEVICE void row(const Team& t, index_t r) const {
@@ -170,7 +174,8 @@ struct NllRows {
     sum = t.sum(sum);
     if (t.rank() != 0) return;
     const std::int32_t y = labels[r];
-    per_row[r] = y < 0 || y >= cols ? std::numeric_limits<T>::quiet_NaN() : -(on * lr[y]) - eps * (sum / T(cols));
+    per_row[r] = y < 0 || y >= cols ? std::numeric_limits<T>::quiet_NaN()
+                                    : -(on * lr[y]) - (eps != T(0) ? eps * (sum / T(cols)) : T(0));
   }
 };
 template <class T>
@@ -243,7 +248,8 @@ ag::Var<T, S> nll_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logp, co
   KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "nll_loss: label_smoothing must be in [0, 1], got ", eps);
   auto saved = detail::saved_labels<Exec, S>(tape.exec(), labels, rows, cols, "nll_loss", logp.shape());
   const bool mean = options.reduction == loss_reduction::mean;
-  const T scale = mean ? T(1) / T(rows > 0 ? rows : 1) : T(1);
+  // The mean over no rows is 0 / 0 = NaN, as PyTorch's (the sum is 0).
+  const T scale = mean ? (rows > 0 ? T(1) / T(rows) : std::numeric_limits<T>::quiet_NaN()) : T(1);
   const T on = T(1.0 - eps), off = T(eps / double(cols > 0 ? cols : 1));
   auto per_row = std::make_shared<Tensor<T, S, dyn>>(Shape{rows});
   const std::size_t bytes = std::size_t(rows * cols) * sizeof(T);
@@ -291,7 +297,8 @@ ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S,
   if (tape.force_eager()) return nll_loss(tape, log_softmax(tape, logits), labels, options);
   auto saved_labels = detail::saved_labels<Exec, S>(tape.exec(), labels, rows, cols, "cross_entropy", logits.shape());
   const bool mean = options.reduction == loss_reduction::mean;
-  const F scale = mean ? F(1) / F(rows > 0 ? rows : 1) : F(1);
+  // The mean over no rows is 0 / 0 = NaN, as PyTorch's and mse_loss's (the sum is 0).
+  const F scale = mean ? (rows > 0 ? F(1) / F(rows) : std::numeric_limits<F>::quiet_NaN()) : F(1);
   const F on = F(1.0 - eps), off = F(eps / double(cols > 0 ? cols : 1));
   // [0, rows): each row's log-sum-exp (kept for backward); [rows, 2 rows): each row's loss.
   auto lse = std::make_shared<Tensor<F, S, dyn>>(Shape{2 * rows});

@@ -165,7 +165,7 @@ struct avx_ops<double> {
   static void maskstore(double* p, __m256i m, vec v) { _mm256_maskstore_pd(p, m, v); }
   template <int N>
   static void store_first(double* d, vec v) {
-    static_assert(N == 4 || N == 2, "double panels have 4n or 6 rows");
+    static_assert(N == 4 || N == 2, "store_first<N> on double vectors stores a whole vector (4) or its low half (2)");
     if constexpr (N == 4) {
       _mm256_storeu_pd(d, v);
     } else {
