@@ -27,17 +27,18 @@ if [ -z "$cxx" ]; then
 fi
 out=build-fuzz
 mkdir -p "$out"
-status=0
-for name in "${names[@]}"; do
-  bin=$out/fuzz_$name
+# One harness: build, run, report (a line on stdout; the log's tail on stderr when it fails).
+fuzz_one() {
+  local name=$1 bin=$out/fuzz_$1
   "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iinclude -DKILN_HAVE_ZLIB=1 "fuzz/fuzz_$name.cpp" -lz -o "$bin"
-  corpus=$out/corpus_$name  # the seeds plus what this run finds; the committed seeds stay as they are
+    -Iinclude -DKILN_HAVE_ZLIB=1 "fuzz/fuzz_$name.cpp" -lz -o "$bin" || return 1
+  local corpus=$out/corpus_$name  # the seeds plus what this run finds; the committed seeds stay as they are
   mkdir -p "$corpus"
-  log=$out/fuzz_$name.log
+  local log=$out/fuzz_$name.log
   if ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$bin" -max_total_time="$seconds" -print_final_stats=1 \
       -rss_limit_mb=2048 -max_len=65536 -timeout=10 -artifact_prefix="$out/crash-$name-" \
       "$corpus" "fuzz/corpus/$name" >"$log" 2>&1; then
+    local execs cov units
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
     units=$(ls "$corpus" | wc -l)
@@ -45,7 +46,16 @@ for name in "${names[@]}"; do
   else
     echo "fuzz $name: FAILED — see $log and $out/crash-$name-*" >&2
     tail -40 "$log" >&2
-    status=1
+    return 1
   fi
+}
+# The harnesses run side by side, one per core (each libFuzzer run is single-threaded).
+status=0
+pids=()
+for name in "${names[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do sleep 0.2; done
+  fuzz_one "$name" &
+  pids+=($!)
 done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 exit "$status"
