@@ -152,6 +152,8 @@ TEST_CASE("IDX: every malformed header or body is a DataError with file and offs
                   {"byte offset 12", "overflow"});
   const fs::path missing = temp_dir() / "does-not-exist.idx";
   check_data_error([&] { kiln::data::read_idx(missing); }, missing, {"cannot open"});
+  // A directory opens as a stream on Linux: it must be named, not read (it once was a bad_alloc).
+  check_data_error([&] { kiln::data::read_idx(temp_dir()); }, temp_dir(), {"is a directory"});
 }
 
 // Skipped, and counted as skipped, in a build without zlib.
@@ -214,6 +216,8 @@ TEST_CASE("load_idx_classification checks counts and label range") {
   // Image and label files swapped: the shapes say so.
   check_data_error([&] { kiln::data::load_idx_classification(labels_path, images_path, 3); },
                    labels_path, {"byte offset 3", "at least 2 dimensions"});
+  check_data_error([&] { kiln::data::load_idx_classification(images_path, images_path, 3); },
+                   images_path, {"byte offset 3", "labels need exactly 1 dimension (n), file has 3"});
   CHECK_THROWS_AS(kiln::data::load_idx_classification(images_path, labels_path, 0),
                   kiln::ValueError);
 }
@@ -390,5 +394,14 @@ TEST_CASE("normalize: statistics fitted on train are applied unchanged to test")
   wide.d = 4;
   wide.n = 2;
   wide.labels.assign(2, 0);
-  CHECK_THROWS_AS(per.apply(wide), kiln::ValueError);
+  CHECK_THROWS_WITH_AS(per.apply(wide), doctest::Contains("fitted on 2 features, applied to 4"), kiln::ValueError);
+  std::vector<float> ragged(5, 1.0f);
+  CHECK_THROWS_WITH_AS(per.apply(ragged, 2), doctest::Contains("5 values are not whole rows of 2"),
+                       kiln::ValueError);
+  CHECK(ragged == std::vector<float>(5, 1.0f));  // refused before any value changed
+  kiln::data::Dataset none;
+  none.d = 2;
+  CHECK_THROWS_WITH_AS(kiln::data::fit_normalizer(none, {.standardize = Standardize::global}),
+                       doctest::Contains("non-empty dataset (n = 0, d = 2)"), kiln::ValueError);
+  CHECK_NOTHROW(kiln::data::fit_normalizer(none, {.scale = 0.5f}));  // scaling alone needs no statistics
 }

@@ -4,6 +4,7 @@
 // NaN and inf through GEMM, gradients accumulated over two backward passes, an intermediate used
 // after backward, and Flatten's backward.
 #include <kiln.hpp>
+#include <kiln/models/convnets.hpp>
 #include <kiln/nn/activation.hpp>
 #include <kiln/nn/dropout.hpp>
 #include <kiln/nn/layernorm.hpp>
@@ -108,6 +109,84 @@ TEST_CASE("a batch of 0 rows through Linear, the activations, layer_norm, softma
   const auto& w = model.layer<0>().weight();
   REQUIRE(w.has_grad());
   for (double g : values(w.grad())) CHECK(g == 0.0);
+}
+
+namespace {
+// Every parameter's gradient after a backward of sum(cross_entropy(model(x))) over `rows` random
+// images, added to what the parameters hold (no zero_grad: the caller decides).
+template <class Model>
+std::vector<double> backward_over(Model& model, index_t rows, std::uint64_t seed) {
+  CpuExecutor exec(2);
+  Tape tape(exec);
+  constexpr index_t d = Model::in_features;
+  Tensor<float, host, dyn, d> m(Shape{rows, d});
+  Generator g(seed);
+  for (index_t i = 0; i < m.size(); ++i) m.data()[i] = g.uniform(-1.f, 1.f);
+  ag::Var<float, host, dyn, d> x(std::move(m), true);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+  for (index_t i = 0; i < rows; ++i) labels[std::size_t(i)] = std::int32_t(i % 10);
+  auto y = model.forward(tape, x);
+  CHECK(y.shape() == Shape{rows, 10});
+  tape.backward(nn::cross_entropy(tape, y, labels.data(), {.reduction = nn::loss_reduction::sum}));
+  CHECK(x.has_grad());
+  std::vector<double> grads;
+  model.for_each_parameter([&](const auto& v) {
+    REQUIRE(v.has_grad());
+    grads.insert(grads.end(), v.grad().data(), v.grad().data() + v.value().size());
+  });
+  return grads;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("a batch of 0 images through convolution, batch norm, pooling and residual blocks: empty outputs "
+                   "and zero gradients, as PyTorch",
+                   Model, models::DigitsCnn, models::ResNet9<2>) {
+  Model model(5);
+  const auto empty = backward_over(model, 0, 1);
+  REQUIRE(!empty.empty());
+  for (double g : empty) CHECK(g == 0.0);  // every parameter took part, with a gradient of zero
+  // A real batch after it, without zero_grad, gives what it gives alone: the empty batch added nothing.
+  const auto after = backward_over(model, 3, 2);
+  model.zero_grad();
+  const auto alone = backward_over(model, 3, 2);
+  CHECK(after == alone);
+  CHECK(std::any_of(alone.begin(), alone.end(), [](double g) { return g != 0.0; }));
+}
+
+TEST_CASE("batch norm over 0 images keeps its running statistics (its count of batches moves, as PyTorch's); "
+          "pooling and channels-last layers give empty outputs; bad sizes are still named") {
+  CpuExecutor exec(1);
+  Tape tape(exec);
+  using Image = ag::Var<float, host, dyn, dyn, dyn, dyn>;
+  auto images = [](Shape s) { return Image(Tensor<float, host, dyn, dyn, dyn, dyn>(s), true); };
+  nn::BatchNorm2d<3> bn;
+  const auto y = bn.forward(tape, images(Shape{0, 3, 4, 4}));
+  CHECK(y.shape() == Shape{0, 3, 4, 4});
+  for (int c = 0; c < 3; ++c) {
+    CHECK(bn.buffers().running_mean.data()[c] == 0.0f);  // not NaN: no mean over nothing
+    CHECK(bn.buffers().running_var.data()[c] == 1.0f);
+  }
+  CHECK(bn.buffers().batches_tracked == 1);
+  bn.eval();
+  CHECK(bn.forward(tape, images(Shape{0, 3, 4, 4})).shape() == Shape{0, 3, 4, 4});
+  CHECK(bn.buffers().batches_tracked == 1);
+
+  CHECK(nn::MaxPool2d<2>{}.forward(tape, images(Shape{0, 3, 5, 4})).shape() == Shape{0, 3, 2, 2});
+  CHECK(nn::AvgPool2d<3, 2, 1>{}.forward(tape, images(Shape{0, 3, 5, 4})).shape() == Shape{0, 3, 3, 2});
+  CHECK(nn::GlobalAvgPool{}.forward(tape, images(Shape{0, 3, 5, 4})).shape() == Shape{0, 3});
+  CHECK(nn::Conv2d<3, 4, 3, 2, 1, 1, true, float, host, nn::layout::nhwc>{}.forward(tape, images(Shape{0, 7, 5, 3})).shape() ==
+        Shape{0, 4, 3, 4});
+  CHECK(nn::MaxPool2d<2, 2, 0, nn::layout::nhwc>{}.forward(tape, images(Shape{0, 4, 6, 3})).shape() ==
+        Shape{0, 2, 3, 3});
+
+  // An empty batch is no excuse for wrong sizes: channels, and images smaller than the window.
+  nn::Conv2d<3, 4, 3> conv;
+  CHECK_THROWS_WITH_AS(conv.forward(tape, images(Shape{0, 2, 5, 5})), doctest::Contains("[0, 2, 5, 5]"), ShapeError);
+  CHECK_THROWS_WITH_AS(conv.forward(tape, images(Shape{0, 3, 2, 5})), doctest::Contains("h=2"), ShapeError);
+  CHECK_THROWS_WITH_AS(nn::MaxPool2d<3>{}.forward(tape, images(Shape{0, 3, 2, 2})), doctest::Contains("h=2"),
+                       ShapeError);
+  CHECK_THROWS_WITH_AS(bn.forward(tape, images(Shape{0, 2, 4, 4})), doctest::Contains("[0, 2, 4, 4]"), ShapeError);
+  CHECK_THROWS_AS(nn::GlobalAvgPool{}.forward(tape, images(Shape{0, 3, 0, 4})), ShapeError);
 }
 
 TEST_CASE("cross_entropy with large, infinite and NaN logits") {

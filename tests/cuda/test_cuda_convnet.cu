@@ -95,6 +95,38 @@ TEST_CASE("the digits CNN trains on CUDA as on the CPU, with the predicted launc
 TEST_CASE("a ResNet-9 (width 4) trains on CUDA as on the CPU, with the predicted launches") {
   compare<kiln::models::ResNet9<4>>(images(32, 3, 32), 5e-4);
 }
+
+// As on the CPU (tests/cpu/test_edge_cases.cpp): no cuDNN call sees the empty batch, backward
+// gives every parameter a gradient of zero, and batch norm's running statistics stay as they were.
+TEST_CASE("a batch of 0 images through the ResNet-9 on CUDA: an empty output and zero gradients") {
+  using Model = kiln::models::ResNet9<2>;
+  kiln::CudaExecutor exec;
+  kiln::ag::Tape<kiln::CudaExecutor> tape(exec);
+  Model::on<kiln::cuda> model(3);
+  const auto before = values_of(model);
+  using Input = kiln::ag::Var<float, kiln::cuda, kiln::dyn, Model::in_features>;
+  Input x(typename Input::tensor_type(kiln::Shape{0, Model::in_features}), true);
+  const auto y = model.forward(tape, x);
+  CHECK(y.shape() == kiln::Shape{0, 10});
+  tape.backward(kiln::nn::cross_entropy(tape, y, static_cast<const std::int32_t*>(nullptr),
+                                        {.reduction = kiln::nn::loss_reduction::sum}));
+  exec.synchronize();
+  index_t checked = 0;
+  model.for_each_parameter([&](const auto& v) {
+    REQUIRE(v.has_grad());
+    const auto g = kiln::to_host(v.grad());
+    for (index_t i = 0; i < g.size(); ++i) CHECK(g.data()[i] == 0.0f);
+    checked += g.size();
+  });
+  CHECK(checked == index_t(before.size()));
+  CHECK(values_of(model) == before);
+  const auto& bn = model.template layer<1>().template layer<1>();
+  const auto mean = kiln::to_host(bn.buffers().running_mean), var = kiln::to_host(bn.buffers().running_var);
+  for (index_t c = 0; c < mean.size(); ++c) {
+    CHECK(mean.data()[c] == 0.0f);
+    CHECK(var.data()[c] == 1.0f);
+  }
+}
 #else
 TEST_CASE("convnets on CUDA: this build has no cuDNN") {
   MESSAGE("kiln was built without cuDNN: the convnet layers have no convolution backend on kiln::cuda");

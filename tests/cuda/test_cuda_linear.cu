@@ -97,13 +97,7 @@ Grads run(consumers c, bool bias, bool lt = true) {
 }
 
 void check_close(const std::vector<double>& got, const std::vector<double>& ref, const char* what) {
-  REQUIRE(got.size() == ref.size());
-  double scale = 0;
-  for (double v : ref) scale = std::max(scale, std::abs(v));
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    INFO(what << " element " << i << ": got " << got[i] << ", want " << ref[i]);
-    CHECK(std::abs(got[i] - ref[i]) <= 2e-4 * (scale + std::abs(ref[i])));
-  }
+  kiln_cuda_test::check_close(got, ref, 2e-4, what);
 }
 
 template <class Act>

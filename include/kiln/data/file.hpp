@@ -46,6 +46,11 @@ inline bool is_gzip(std::span<const std::uint8_t> bytes) {
 // The file's bytes exactly as stored. Throws DataError naming the file when it cannot be read.
 inline std::vector<std::uint8_t> read_raw_file(const std::filesystem::path& path) {
   const std::string name = path.string();
+  // A directory opens as a stream on Linux and reports a size of 2^63 - 1: refuse it by name
+  // before reading it would ask for that much memory.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw DataError(::kiln::detail::concat(name, ": is a directory, not a data file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(::kiln::detail::concat(name, ": cannot open: ", std::strerror(errno)));
   in.seekg(0, std::ios::end);

@@ -22,6 +22,7 @@
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/nn/convnet_functors.hpp"
+#include "kiln/nn/empty_batch.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 
@@ -178,6 +179,15 @@ class BatchNorm2d {
     KILN_CHECK(s.rank == 4 && s[nhwc ? 3 : 1] == C, ShapeError, "BatchNorm2d<", C, ">: the input has shape ", s.str(),
                nhwc ? "; it must be [N, H, W, " : "; it must be [N, ", C, nhwc ? "]" : ", H, W]");
     const index_t n = s[0], hw = nhwc ? s[1] * s[2] : s[2] * s[3];
+    if (n == 0) {
+      // PyTorch's empty batch (nn/empty_batch.hpp): the running statistics stay as they are (a mean
+      // over nothing would make them NaN) while the count of batches moves on, as its module's does.
+      if (training_) {
+        tape.exec().stats().host_state("batch norm's count of batches");
+        ++buffers_->batches_tracked;
+      }
+      return detail::empty_batch_output<Out>(tape, s, x, weight_.data(), bias_.data());
+    }
     Out out{typename Out::tensor_type(s)};
     if constexpr (!std::is_same_v<Space, host>) {
       run_device<F>(tape, x, out, n, hw);

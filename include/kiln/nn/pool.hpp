@@ -17,6 +17,7 @@
 #include "kiln/backend/cpu/pool2d.hpp"
 #include "kiln/backend/cpu/pool2d_nhwc.hpp"
 #include "kiln/nn/convnet_functors.hpp"
+#include "kiln/nn/empty_batch.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 
@@ -79,6 +80,13 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
   const cpu::Pool2dShape s{.n = xs[0], .c = xs[nhwc ? 3 : 1], .h = xs[nhwc ? 1 : 2], .w = xs[nhwc ? 2 : 3],
                            .kh = Layer::kernel, .kw = Layer::kernel, .stride_h = Layer::stride,
                            .stride_w = Layer::stride, .pad_h = Layer::padding, .pad_w = Layer::padding};
+  if (s.n == 0) {  // PyTorch's empty batch (nn/empty_batch.hpp); the other sizes are checked as for one image
+    cpu::Pool2dShape one = s;
+    one.n = 1;
+    one.check(Layer::name);
+    return empty_batch_output<Out>(tape, nhwc ? Shape{0, s.out_h(), s.out_w(), s.c} : Shape{0, s.c, s.out_h(), s.out_w()},
+                                   x);
+  }
   s.check(Layer::name);
   Out out{typename Out::tensor_type(nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c} : Shape{s.n, s.c, s.out_h(), s.out_w()})};
   const index_t y_size = out.value().size();
@@ -226,9 +234,11 @@ struct GlobalAvgPoolLayout {
     constexpr bool nhwc = Layout == layout::nhwc;
     using Out = ag::Var<T, S, B, nhwc ? D3 : D1>;
     const Shape xs = x.shape();
-    KILN_CHECK(xs.rank == 4 && xs.size() > 0, ShapeError, "GlobalAvgPool: the input must be a non-empty ",
-               nhwc ? "[N, H, W, C]" : "[N, C, H, W]", ", got ", xs.str());
+    KILN_CHECK(xs.rank == 4 && xs[1] > 0 && xs[2] > 0 && xs[3] > 0, ShapeError,
+               "GlobalAvgPool: the input must be ", nhwc ? "[N, H, W, C]" : "[N, C, H, W]",
+               " with non-empty images, got ", xs.str());
     const index_t n = xs[0], c = xs[nhwc ? 3 : 1], h = xs[nhwc ? 1 : 2], w = xs[nhwc ? 2 : 3];
+    if (n == 0) return detail::empty_batch_output<Out>(tape, Shape{0, c}, x);
     Out out{typename Out::tensor_type(Shape{n, c})};
     const std::size_t bytes = std::size_t(xs.size() + n * c) * sizeof(T);
     constexpr bool on_host = std::is_same_v<S, host>;
