@@ -546,7 +546,11 @@ class CudaExecutor {
     KILN_CHECK(ta, ValueError, "a GEMM with a bgrada epilogue needs a transposed A (its rows are summed over k)");
     stats_.count(kind::gemm, "gemm+bgrada", m * n, std::size_t(m * k + k * n + m * n) * sizeof(T));
     if (m == 0 || n == 0) return;
-    KILN_CHECK(k > 0, ShapeError, "a GEMM with a bgrada epilogue needs k > 0 (got an inner size of 0)");
+    if (k == 0) {  // a weight gradient over a batch of 0 rows (as the CPU executor): C = beta·C, bias sums of nothing
+      launch_elements(m, n, cu::kernels::ScaleRows<C>{c, ldc, beta});
+      if (ep.dbias && !ep.add_dbias) launch_elements(1, m, cu::kernels::ScaleRows<compute_t<T>>{ep.dbias, m, 0.f});
+      return;
+    }
     cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (!ep.dbias) return plain_gemm<T, C>(x);
     x.epilogue = cu::Epilogue::bgrada;
