@@ -265,9 +265,10 @@ class ProcessGroup {
   }
 
   void require_host_collectives(const char* what) const {
-    KILN_CHECK(host_collectives(), DistError, "kiln::dist: ", what, " on host memory in a job torchrun launched (",
-               describe(), "): kiln's host collectives run on MPI; launch a CPU job with mpirun -np N (a GPU job ",
-               "runs its collectives on NCCL under either launcher)");
+    // The job's size, not this rank: every rank fails alike, and fail_job's prefix names the rank.
+    KILN_CHECK(host_collectives(), DistError, "kiln::dist: ", what, " on host memory in a job of ", size_,
+               " ranks torchrun launched: kiln's host collectives run on MPI; launch a CPU job with mpirun -np N (a ",
+               "GPU job runs its collectives on NCCL under either launcher)");
   }
 
   static void check_count(const char* what, index_t n) {
