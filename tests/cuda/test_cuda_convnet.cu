@@ -99,7 +99,7 @@ TEST_CASE("a ResNet-9 (width 4) trains on CUDA as on the CPU, with the predicted
 // As on the CPU (tests/cpu/test_edge_cases.cpp): no cuDNN call sees the empty batch, backward
 // gives every parameter a gradient of zero, and batch norm's running statistics stay as they were.
 TEST_CASE("a batch of 0 images through the ResNet-9 on CUDA: an empty output and zero gradients") {
-  using Model = kiln::models::ResNet9<2>;
+  using Model = kiln::models::ResNet9<4>;  // the width trained above: its layers are compiled once
   kiln::CudaExecutor exec;
   kiln::ag::Tape<kiln::CudaExecutor> tape(exec);
   Model::on<kiln::cuda> model(3);
