@@ -42,8 +42,9 @@ kiln::Tensor<T, S, D...> to_space(const kiln::Tensor<T, kiln::host, D...>& t) {
 // old bound, tol * (max |ref| + |ref|), let an element a thousandth of the largest be 20% wrong at
 // tol = 2e-4; this one, 2%.) The tenth was measured on the CPU: float kernels against double
 // references (softmax, layer_norm, the losses, the shapes of test_cuda_kernels.cu) use at most 0.3
-// of this bound, two float GEMMs (kiln's and OpenBLAS's, test_cuda_nn.cu's MLP gradients) 0.015. NaN must meet NaN and an infinity itself. One CHECK per vector, naming the
-// number of misses and the first.
+// of this bound, two float GEMMs (kiln's and OpenBLAS's, test_cuda_nn.cu's MLP gradients) 0.015.
+// NaN must meet NaN and an infinity itself. One CHECK per vector, naming the number of misses and
+// the first.
 inline void check_close(const std::vector<double>& got, const std::vector<double>& ref, double tol,
                         const std::string& what = "") {
   REQUIRE(got.size() == ref.size());

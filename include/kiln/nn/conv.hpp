@@ -139,18 +139,16 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
              "conv2d: the input has shape ", xs.str(), " (", layout_dims(L), ") but the weight has shape ", ws.str(),
              " (kernel ", g.kernel, "): the input's channels must equal the weight's second size");
   const cpu::Conv2dShape s = conv_shape<L>(xs, ws[0], g);
+  const Shape out_shape = nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c_out} : Shape{s.n, s.c_out, s.out_h(), s.out_w()};
   if (s.n == 0) {  // PyTorch's empty batch (nn/empty_batch.hpp); the other sizes are checked as for one image
     cpu::Conv2dShape one = s;
     one.n = 1;
     one.check("conv2d");
-    return empty_batch_output<Out>(tape,
-                                   nhwc ? Shape{0, s.out_h(), s.out_w(), s.c_out} : Shape{0, s.c_out, s.out_h(), s.out_w()},
-                                   x, wd, bd);
+    return empty_batch_output<Out>(tape, out_shape, x, wd, bd);
   }
   s.check("conv2d");
   const index_t ohw = s.out_h() * s.out_w(), y_size = s.n * s.c_out * ohw;
-  Out out{typename Out::tensor_type(nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c_out}
-                                         : Shape{s.n, s.c_out, s.out_h(), s.out_w()})};
+  Out out{typename Out::tensor_type(out_shape)};
   const bool any = x.requires_grad() || wd->requires_grad || (bd && bd->requires_grad);
   const bool recording = any && tape.recording();
   constexpr bool has_act = !is_identity_act_v<Act>;

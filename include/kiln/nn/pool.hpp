@@ -80,15 +80,15 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
   const cpu::Pool2dShape s{.n = xs[0], .c = xs[nhwc ? 3 : 1], .h = xs[nhwc ? 1 : 2], .w = xs[nhwc ? 2 : 3],
                            .kh = Layer::kernel, .kw = Layer::kernel, .stride_h = Layer::stride,
                            .stride_w = Layer::stride, .pad_h = Layer::padding, .pad_w = Layer::padding};
+  const Shape out_shape = nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c} : Shape{s.n, s.c, s.out_h(), s.out_w()};
   if (s.n == 0) {  // PyTorch's empty batch (nn/empty_batch.hpp); the other sizes are checked as for one image
     cpu::Pool2dShape one = s;
     one.n = 1;
     one.check(Layer::name);
-    return empty_batch_output<Out>(tape, nhwc ? Shape{0, s.out_h(), s.out_w(), s.c} : Shape{0, s.c, s.out_h(), s.out_w()},
-                                   x);
+    return empty_batch_output<Out>(tape, out_shape, x);
   }
   s.check(Layer::name);
-  Out out{typename Out::tensor_type(nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c} : Shape{s.n, s.c, s.out_h(), s.out_w()})};
+  Out out{typename Out::tensor_type(out_shape)};
   const index_t y_size = out.value().size();
   const std::size_t bytes = std::size_t(xs.size() + y_size) * sizeof(T);
   if constexpr (std::is_same_v<S, host>) tape.exec().stats().count(kind::other, Layer::name, y_size, bytes);
