@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole CPU test suite, the sanitized reader suites and train_digits under AddressSanitizer +
-# UndefinedBehaviorSanitizer (gcc; -O1, every report fatal). CI runs the reader suites and
-# train_digits on every run (ctest: sanitized, train_digits_sanitized); this adds the rest of the
-# CPU suite, about 20 minutes on a 2-core machine.
+# UndefinedBehaviorSanitizer (gcc; every report fatal). CI runs the reader suites and train_digits
+# on every run (ctest: sanitized, train_digits_sanitized; -O0 -g1, as tests/CMakeLists.txt says
+# why); this adds the rest of the CPU suite at -O1 -g, about 20 minutes on a 2-core machine.
 #   scripts/sanitize.sh [build dir, default build-sanitize]
 set -euo pipefail
 cd "$(dirname "$0")/.."
