@@ -6,7 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "kiln/train.hpp"
+#include "kiln/data/dataset.hpp"
+#include "kiln/data/idx.hpp"
+#include "kiln/data/normalize.hpp"
+#include "kiln/nn/activation.hpp"
+#include "kiln/nn/linear.hpp"
+#include "kiln/nn/sequential.hpp"
 
 namespace kiln_example {
 

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Configures and builds kiln (Release) into build/; extra arguments are build targets.
+# Configures and builds kiln (Release) into build/; extra arguments are build targets. Each stage
+# says what it did and how long it took (on stderr), so a first build is never a silent terminal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$EPOCHREALTIME
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f s", b - a }'; }
 eval "$(bash scripts/deps.sh | grep '^export ' || true)"
-bash scripts/deps.sh >/dev/null
-# KILN_QUICK_BUILD=ON (CI sets it): the examples and benchmarks at -O1 — CI compiles them and runs
-# the tests, it times nothing. Said every time, so a later plain build is -O3 again.
+bash scripts/deps.sh | grep -v '^export ' >&2 || true
+echo "build.sh: packages present ($(since "$t0"))" >&2
+t0=$EPOCHREALTIME
+# KILN_QUICK_BUILD=ON: the examples and benchmarks at -O1 (see CMakeLists.txt). Said every time, so
+# a later plain build is -O3 again.
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKILN_QUICK_BUILD="${KILN_QUICK_BUILD:-OFF}" >/dev/null
+echo "build.sh: configured build/ ($(since "$t0"))" >&2
+t0=$EPOCHREALTIME
 if [ $# -gt 0 ]; then
   for t in "$@"; do cmake --build build -j"$(nproc)" --target "$t"; done
+  echo "build.sh: compiled $* ($(since "$t0"), $(nproc) at a time)" >&2
 else
   cmake --build build -j"$(nproc)"
+  echo "build.sh: compiled everything ($(since "$t0"), $(nproc) at a time)" >&2
 fi

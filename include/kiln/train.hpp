@@ -20,6 +20,7 @@
 #include "kiln/nn/loss.hpp"
 #include "kiln/nn/opaque.hpp"
 #include "kiln/nn/pool.hpp"
+#include "kiln/nn/repeat.hpp"
 #include "kiln/nn/reshape.hpp"
 #include "kiln/nn/residual.hpp"
 #include "kiln/nn/sequential.hpp"

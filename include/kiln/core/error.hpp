@@ -65,13 +65,21 @@ std::string concat(const Parts&... parts) {
   (out << ... << parts);
   return out.str();
 }
+
+// A failed KILN_CHECK: the message is built and thrown out of line, so a check costs its caller
+// one compare and one call. The parts are taken by value: string literals decay to const char*,
+// so every check with the same kinds of parts shares one instantiation.
+template <class ErrorType, class... Parts>
+[[noreturn, gnu::noinline, gnu::cold]] void fail(Parts... parts) {
+  throw ErrorType(concat(parts...));
+}
 }  // namespace detail
 
 }  // namespace kiln
 
 // KILN_CHECK(cond, ErrorType, parts...): throws ErrorType with the streamed parts when cond is
 // false. Always on, also with NDEBUG.
-#define KILN_CHECK(cond, ErrorType, ...)                          \
-  do {                                                            \
-    if (!(cond)) throw ErrorType(::kiln::detail::concat(__VA_ARGS__)); \
+#define KILN_CHECK(cond, ErrorType, ...)                                      \
+  do {                                                                        \
+    if (!(cond)) [[unlikely]] ::kiln::detail::fail<ErrorType>(__VA_ARGS__); \
   } while (0)

@@ -14,6 +14,7 @@
 // refuses a batch from the wrong one at compile time.
 #pragma once
 
+#include <type_traits>
 #include <utility>
 
 #include "kiln/core/space.hpp"
@@ -23,6 +24,13 @@ namespace kiln::data {
 
 template <class Space>
 class BatchLoader;
+
+// A batch's features or labels as a pointer: a host batch holds spans, a device batch pointers.
+template <class P>
+const auto* pointer_of(const P& p) {
+  if constexpr (std::is_pointer_v<P>) return p;
+  else return p.data();
+}
 
 template <>
 class BatchLoader<host> : public Loader {

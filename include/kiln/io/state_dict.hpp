@@ -6,7 +6,8 @@
 // [out, in, kh, kw], PyTorch's layouts, which are kiln's) and "bias"; BatchNorm2d and LayerNorm
 // "weight" and "bias", and BatchNorm2d's buffers "running_mean", "running_var" and
 // "num_batches_tracked" (int64, a scalar). A Residual, which torch spells as a user module, names
-// its parts "body." and "shortcut." (a projection shortcut's layers).
+// its parts "body." and "shortcut." (a projection shortcut's layers). An nn::Repeat names its
+// blocks as a Sequential does: "0.", "1.", ...
 //
 //   kiln::io::for_each_state(model, [](const std::string& name, auto& item, kiln::io::state_kind kind) { ... });
 // item is the parameter's ag::Var (kind parameter), the buffer's Tensor (buffer) or a std::int64_t&
@@ -37,6 +38,13 @@ concept residual_like = requires(M& m) {
   m.shortcut();
 };
 
+template <class M>
+concept repeat_like = requires(M& m) {
+  M::count;
+  m.first();
+  m.block(1);
+};
+
 template <class M, class F, std::size_t... I>
 void each_sequential_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>);
 
@@ -48,6 +56,9 @@ void walk(M& m, const std::string& prefix, F& f) {
   } else if constexpr (residual_like<std::remove_const_t<M>>) {
     walk(m.body(), prefix + "body.", f);
     walk(m.shortcut(), prefix + "shortcut.", f);
+  } else if constexpr (repeat_like<std::remove_const_t<M>>) {  // nn::Repeat: named as nn.Sequential
+    walk(m.first(), prefix + "0.", f);
+    for (index_t i = 1; i < std::remove_const_t<M>::count; ++i) walk(m.block(i), prefix + std::to_string(i) + ".", f);
   } else {
     f(prefix, m);
   }

@@ -313,7 +313,7 @@ void save_checkpoint(const std::string& path, StepT& step, TrainPosition positio
   meta("optimizer", detail::optimizer_name<Optimizer>());
   meta("optimizer.steps", std::to_string(opt.steps()));
   meta("optimizer.lr", detail::number_text(opt.lr()));
-  meta("precision", StepT::policy_type::precision::name);
+  meta("precision", step.policy().precision);
   meta("accumulate", std::to_string(step.accumulation()));
   meta("micro_batches", std::to_string(step.micro_batches()));
   meta("optimizer_steps", std::to_string(step.optimizer_steps()));

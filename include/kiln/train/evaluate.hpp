@@ -17,7 +17,6 @@
 #include "kiln/expr/assign.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/ops/reduce.hpp"
-#include "kiln/train/step.hpp"
 
 namespace kiln::train {
 
@@ -40,7 +39,7 @@ double accuracy(Model& model, Exec& exec, const data::Dataset& dataset, index_t 
     KILN_CHECK(batch->dim == Model::in_features, ShapeError, "train::accuracy: the dataset has ", batch->dim,
                " features per row but the model's input size is ", Model::in_features);
     x.value().resize(Shape{batch->size, Model::in_features});
-    exec.copy(x.value().data(), detail::pointer_of(batch->features), std::size_t(x.value().size()) * sizeof(float));
+    exec.copy(x.value().data(), data::pointer_of(batch->features), std::size_t(x.value().size()) * sizeof(float));
     auto logits = model.forward(tape, x);
     predicted.resize(Shape{batch->size});
     assign(predicted, argmax<reduce_over::last_axis>(logits.value()), exec);

@@ -29,6 +29,7 @@
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 #include "kiln/nn/sequential.hpp"
+#include "kiln/policy/info.hpp"
 #include "kiln/policy/policy.hpp"
 
 namespace kiln::train {
@@ -162,19 +163,20 @@ constexpr index_t linear_weights(std::index_sequence<I...>) {
   return n;
 }
 
-// The plan for `model` trained by Optimizer (with `options`) under Policy. Activations are
-// counted in the policy's activation type (2 bytes under mixed precision); parameters, gradients
-// and optimizer state in the model's type; frozen parameters (nn/freeze.hpp) get no optimizer
-// state.
-template <class Optimizer, class Policy = kiln::policy<>, class Model>
-MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& options = {}, int threads = 1) {
+// The plan for `model` trained by Optimizer (with `options`) under a policy given as values
+// (kiln/policy/info.hpp: a step's policy(), whatever its type). Activations are counted in the
+// policy's activation type (2 bytes under mixed precision); parameters, gradients and optimizer
+// state in the model's type; frozen parameters (nn/freeze.hpp) get no optimizer state.
+template <class Optimizer, class Model>
+MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& options, int threads,
+                       const PolicyInfo& policy) {
   using Info = detail::sequential_layers<Model>;
   constexpr index_t elements = detail::model_elements<Model>(std::make_index_sequence<Info::count>{});
   static_assert(elements != dyn,
                 "kiln::train::plan_memory: a layer's output size is not known at compile time; the planner needs "
                 "every size (start an image model with nn::Unflatten<C, H, W>)");
   using value = typename Model::value_type;
-  constexpr bool mixed = Policy::precision::mixed;
+  const bool mixed = policy.mixed;
   const std::size_t activation = mixed ? 2 : sizeof(value);
   MemoryPlan plan;
   plan.model = model.describe();
@@ -186,16 +188,26 @@ MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& op
   // The step's input rows, the activations, and the loss's per-row values (3 floats: the row's
   // loss, its log-sum-exp and its label).
   plan.per_sample = std::size_t(Model::in_features + elements) * activation + 3 * sizeof(float);
-  plan.modelled = !std::is_same_v<typename Policy::stance, stance::force_eager>;
+  plan.modelled = !policy.eager;
   if constexpr (std::is_same_v<typename Model::space, host>) {
-    plan.workspace = [threads](index_t batch) {
-      using T = std::conditional_t<mixed, bf16, value>;
-      return linear_gemm_workspace<Model, T>(batch, threads, std::make_index_sequence<Info::count>{});
+    plan.workspace = [threads, mixed](index_t batch) {
+      constexpr auto seq = std::make_index_sequence<Info::count>{};
+      return mixed ? linear_gemm_workspace<Model, bf16>(batch, threads, seq)
+                   : linear_gemm_workspace<Model, value>(batch, threads, seq);
     };
   } else {
     plan.workspace = [](index_t) { return std::size_t{32} << 20; };  // cuBLASLt's (Lt::default_workspace_bytes)
   }
   return plan;
+}
+
+// The same under the policy bag Policy.
+template <class Optimizer, class Policy = kiln::policy<>, class Model>
+MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& options = {}, int threads = 1) {
+  using P = typename Policy::precision;
+  return plan_memory<Optimizer>(model, options, threads,
+                                {.precision = P::name, .eager = std::is_same_v<typename Policy::stance, stance::force_eager>,
+                                 .mixed = P::mixed});
 }
 
 // Memory to plan with when none is given: MemAvailable of /proc/meminfo (the CPU backend) less a

@@ -22,6 +22,7 @@
 
 #include "kiln/core/space.hpp"
 #include "kiln/core/stats.hpp"
+#include "kiln/policy/info.hpp"
 #include "kiln/policy/policy.hpp"
 
 namespace kiln::train {
@@ -120,16 +121,17 @@ inline std::string boundary_reason(std::string_view kind_name, std::string_view 
 }  // namespace detail
 
 // The report of `step`'s last recorded optimizer step (Step::record_next_step()).
+// Step: a train::Step or its StepBase (one instantiation for every policy).
 template <class Step>
 Report report(const Step& step) {
-  using Policy = typename Step::policy_type;
+  const PolicyInfo& policy = step.policy();
   Report r;
   r.model = step.model().describe();
-  r.precision = Policy::precision::name;
-  r.stance = Policy::stance::name;
+  r.precision = policy.precision;
+  r.stance = policy.stance;
   r.batch = step.recorded_batch();
   r.accumulate = step.accumulation();
-  r.loss_scaling = Policy::loss_scaling::on;
+  r.loss_scaling = policy.scales_loss;
   r.predicted = step.predicted_launches();
   const auto& recs = step.recorded();
   r.kernels_per_step = double(recs.size());
@@ -141,7 +143,7 @@ Report report(const Step& step) {
     auto [it, fresh] = index.emplace(name, r.kernels.size());
     if (fresh)
       r.kernels.push_back({name, rec.kind, 0,
-                           rec.region.empty() ? detail::boundary_reason(rec.kind, rec.name, Step::eager)
+                           rec.region.empty() ? detail::boundary_reason(rec.kind, rec.name, policy.eager)
                                               : "inside " + rec.region + ", a user function kiln does not fuse across"});
     r.kernels[it->second].per_step += 1;
   }

@@ -32,6 +32,27 @@
 
 namespace kiln {
 
+namespace cpu::detail {
+using ChunkBody = void (*)(void* body, index_t begin, index_t end);
+// [0, n) in t contiguous chunks, body(begin, end) for each: on t OpenMP threads when t > 1. Not
+// inlined, so the compiler sees one call through a pointer and keeps each body in one copy.
+[[gnu::noinline]] inline void run_chunks(int t, index_t n, ChunkBody f, void* body) {
+  if (t <= 1) {
+    f(body, 0, n);
+    return;
+  }
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(t) schedule(static)
+  for (int k = 0; k < t; ++k) {
+    const index_t b = n * k / t, e = n * (k + 1) / t;
+    if (b < e) f(body, b, e);
+  }
+#else
+  f(body, 0, n);
+#endif
+}
+}  // namespace cpu::detail
+
 class CpuExecutor {
  public:
   using space = host;
@@ -113,23 +134,17 @@ class CpuExecutor {
   }
 
   // Runs body(begin, end) over [0, n) split into contiguous chunks, in parallel when n is at
-  // least `grain` and more than one thread is allowed.
+  // least `grain` and more than one thread is allowed. The body is compiled once, behind a
+  // function pointer that one loop calls (detail::run_chunks): inlined here, it would be compiled
+  // twice per kernel (serial and OpenMP-outlined), the largest share of a training program's
+  // object code. One indirect call per chunk costs nothing beside a kernel's work.
   template <class Body>
   void parallel_for(index_t n, index_t grain, Body&& body) const {
+    if (n <= 0) return;
     const int t = int(std::min<index_t>(threads_, std::max<index_t>(1, n / std::max<index_t>(grain, 1))));
-    if (t <= 1) {
-      if (n > 0) body(index_t(0), n);
-      return;
-    }
-#if defined(_OPENMP)
-#pragma omp parallel for num_threads(t) schedule(static)
-    for (int k = 0; k < t; ++k) {
-      const index_t b = n * k / t, e = n * (k + 1) / t;
-      if (b < e) body(b, e);
-    }
-#else
-    body(index_t(0), n);
-#endif
+    using B = std::remove_reference_t<Body>;
+    cpu::detail::run_chunks(t, n, [](void* b, index_t begin, index_t end) { (*static_cast<B*>(b))(begin, end); },
+                            const_cast<void*>(static_cast<const void*>(&body)));
   }
 
   // dst = ev over dst's 2-D fold, as one "kernel".
@@ -427,9 +442,10 @@ class CpuExecutor {
 
  private:
   // Pairwise (cascade) reduction over [b, e): eight interleaved accumulators at the leaves, so
-  // the loop vectorises and rounding error grows like log(n), not n.
+  // the loop vectorises and rounding error grows like log(n), not n. Never inlined: inlined into
+  // itself, a few levels deep, it was one copy of the leaf loop per level.
   template <class Op, class T, class Get>
-  static auto pairwise(Get&& get, index_t b, index_t e) {
+  [[gnu::noinline]] static auto pairwise(Get&& get, index_t b, index_t e) {
     using Acc = typename Op::template acc_t<T>;
     if (e - b <= 256) {
       Acc lane[8];
