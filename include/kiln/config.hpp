@@ -39,6 +39,18 @@
 #define KILN_RESTRICT
 #endif
 
+// kiln::kernels, the optional compiled part (CMake target kiln::kernels, src/kernels/): code that
+// does not depend on a model's types — the CPU GEMM for each element type, ... — compiled once in
+// the library instead of in every translation unit. A program that links it is built with
+// KILN_KERNELS_LIBRARY, and the headers then declare those instantiations `extern template`
+// (KILN_EXTERN_KERNELS); the library's own files define KILN_KERNELS_BUILD and instantiate them.
+// Without it kiln is header-only, and every definition is compiled where it is used.
+#if defined(KILN_KERNELS_LIBRARY) && !defined(KILN_KERNELS_BUILD)
+#define KILN_EXTERN_KERNELS 1
+#else
+#define KILN_EXTERN_KERNELS 0
+#endif
+
 namespace kiln {
 
 // Sizes and indices are signed 64-bit: no unsigned wrap-around in shape arithmetic, and large

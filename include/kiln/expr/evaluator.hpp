@@ -168,8 +168,23 @@ inline LeafStrides fold_strides(const Shape& leaf, const std::array<index_t, max
 
 template <class T, class S, class Ext>
 class Evaluator<View<T, S, Ext>> {
+  template <class E>
+  friend class Evaluator;
+
  public:
   using value_type = compute_t<std::remove_const_t<T>>;
+  // The same leaf under other static extents of the same rank class (<= 2 or more): they read
+  // memory the same way, so code that takes the canonical one (detail::canonical_leaf_t) is
+  // compiled once for every static size.
+  template <class T2, class E2>
+    requires(std::is_same_v<std::remove_const_t<T2>, std::remove_const_t<T>> && ((E2::rank <= 2) == (Ext::rank <= 2)))
+  explicit Evaluator(const Evaluator<View<T2, S, E2>>& o)
+      : p_(o.p_), rs_(o.rs_), cs_(o.cs_), flat_(o.flat_), nlead_(o.nlead_) {
+    for (int i = 0; i < max_rank - 1; ++i) {
+      lead_dims_[i] = o.lead_dims_[i];
+      lead_strides_[i] = o.lead_strides_[i];
+    }
+  }
   Evaluator(const View<T, S, Ext>& v, const Shape& dst) : p_(v.data()) {
     const LeafStrides l = fold_strides(v.shape(), v.strides(), v.is_contiguous(), dst);
     rs_ = l.rs;
@@ -232,6 +247,18 @@ class Evaluator<View<T, S, Ext>> {
   int nlead_;
   index_t lead_dims_[max_rank - 1], lead_strides_[max_rank - 1];  // plain arrays: device code reads them
 };
+
+namespace detail {
+// The leaf evaluator a view's (or a variable's) evaluator reads like, with its static sizes
+// erased: extents<dyn, dyn> for rank <= 2, extents<dyn, dyn, dyn> above; void for any other
+// evaluator.
+template <class T, class S, class Ext>
+auto canonical_leaf_of(const Evaluator<View<T, S, Ext>>*)
+    -> Evaluator<View<const std::remove_const_t<T>, S, std::conditional_t<(Ext::rank <= 2), extents<dyn, dyn>, extents<dyn, dyn, dyn>>>>;
+void canonical_leaf_of(const void*);
+template <class Ev>
+using canonical_leaf_t = decltype(canonical_leaf_of(static_cast<const Ev*>(nullptr)));
+}  // namespace detail
 
 template <class T>
 class Evaluator<Scalar<T>> {

@@ -214,14 +214,8 @@ struct DropoutForward {
     if (mask) mask[j] = std::uint8_t(m);
   }
 
-  void run(index_t jb, index_t je) const {
-    constexpr index_t tile_items = dropout_tile_blocks / 2;
-    alignas(64) std::uint32_t w[4 * dropout_tile_blocks];
-    for (index_t j = jb; j < je; j += tile_items) {
-      draw.tile(j, w);
-      dropout_apply_words(draw, w, j, j, std::min(je, j + tile_items), x, y, scale, false, mask);
-    }
-  }
+  // The host's loop over items [jb, je) (below; compiled once per type in kiln::kernels).
+  void run(index_t jb, index_t je) const;
 };
 
 // Backward: dx (=|+=) keep ? g · scale : 0, the keep bits read from mask, or drawn again when
@@ -243,38 +237,60 @@ struct DropoutBackward {
     }
   }
 
-  void run(index_t jb, index_t je) const {
-    if (!mask) {
-      constexpr index_t tile_items = dropout_tile_blocks / 2;
-      alignas(64) std::uint32_t w[4 * dropout_tile_blocks];
-      for (index_t j = jb; j < je; j += tile_items) {
-        draw.tile(j, w);
-        dropout_apply_words(draw, w, j, j, std::min(je, j + tile_items), g, dx, scale, add, nullptr);
-      }
-      return;
-    }
-    // The bytes wholly inside the elements, eight elements per byte, branch-free; the (at most
-    // two) partial bytes at the ends one at a time.
-    const index_t fb = std::clamp((draw.lead + 7) / 8, jb, je), fe = std::clamp((draw.lead + draw.n) / 8, fb, je);
-    for (index_t j = jb; j < fb; ++j) (*this)(0, j);
-    if (fe > fb) {
-      const std::uint8_t* KILN_RESTRICT m = mask;
-      const T* KILN_RESTRICT src = g + (8 * fb - draw.lead);
-      T* KILN_RESTRICT dst = dx + (8 * fb - draw.lead);
-      const index_t count = fe - fb;
-      if (add) {
-        for (index_t j = 0; j < count; ++j)
-          for (int t = 0; t < 8; ++t)
-            dst[8 * j + t] = T(dst[8 * j + t] + dropout_select<T>((m[fb + j] >> t) & 1u, T(src[8 * j + t] * scale)));
-      } else {
-        for (index_t j = 0; j < count; ++j)
-          for (int t = 0; t < 8; ++t)
-            dst[8 * j + t] = dropout_select<T>((m[fb + j] >> t) & 1u, T(src[8 * j + t] * scale));
-      }
-    }
-    for (index_t j = fe; j < je; ++j) (*this)(0, j);
-  }
+  void run(index_t jb, index_t je) const;  // as DropoutForward::run
 };
+
+template <class T>
+void DropoutForward<T>::run(index_t jb, index_t je) const {
+  constexpr index_t tile_items = dropout_tile_blocks / 2;
+  alignas(64) std::uint32_t w[4 * dropout_tile_blocks];
+  for (index_t j = jb; j < je; j += tile_items) {
+    draw.tile(j, w);
+    dropout_apply_words(draw, w, j, j, std::min(je, j + tile_items), x, y, scale, false, mask);
+  }
+}
+
+template <class T>
+void DropoutBackward<T>::run(index_t jb, index_t je) const {
+  if (!mask) {
+    constexpr index_t tile_items = dropout_tile_blocks / 2;
+    alignas(64) std::uint32_t w[4 * dropout_tile_blocks];
+    for (index_t j = jb; j < je; j += tile_items) {
+      draw.tile(j, w);
+      dropout_apply_words(draw, w, j, j, std::min(je, j + tile_items), g, dx, scale, add, nullptr);
+    }
+    return;
+  }
+  // The bytes wholly inside the elements, eight elements per byte, branch-free; the (at most
+  // two) partial bytes at the ends one at a time.
+  const index_t fb = std::clamp((draw.lead + 7) / 8, jb, je), fe = std::clamp((draw.lead + draw.n) / 8, fb, je);
+  for (index_t j = jb; j < fb; ++j) (*this)(0, j);
+  if (fe > fb) {
+    const std::uint8_t* KILN_RESTRICT m = mask;
+    const T* KILN_RESTRICT src = g + (8 * fb - draw.lead);
+    T* KILN_RESTRICT dst = dx + (8 * fb - draw.lead);
+    const index_t count = fe - fb;
+    if (add) {
+      for (index_t j = 0; j < count; ++j)
+        for (int t = 0; t < 8; ++t)
+          dst[8 * j + t] = T(dst[8 * j + t] + dropout_select<T>((m[fb + j] >> t) & 1u, T(src[8 * j + t] * scale)));
+    } else {
+      for (index_t j = 0; j < count; ++j)
+        for (int t = 0; t < 8; ++t)
+          dst[8 * j + t] = dropout_select<T>((m[fb + j] >> t) & 1u, T(src[8 * j + t] * scale));
+    }
+  }
+  for (index_t j = fe; j < je; ++j) (*this)(0, j);
+}
+
+// kiln::kernels (kiln/config.hpp) compiles the host loops once per type (src/kernels/nn.cpp).
+#define KILN_DROPOUT_INSTANCES(EXTERN, T) \
+  EXTERN template struct DropoutForward<T>; \
+  EXTERN template struct DropoutBackward<T>;
+#if KILN_EXTERN_KERNELS
+KILN_DROPOUT_INSTANCES(extern, float)
+KILN_DROPOUT_INSTANCES(extern, double)
+#endif
 
 // Runs a dropout functor over all its work items as ONE launch of kind::elementwise: on the CPU
 // ranges of items through run() (split across threads), elsewhere one item per work item.

@@ -375,43 +375,9 @@ class AdamBase {
   void set_steps(index_t steps) { steps_ = steps; }
 
  private:
-  void fused_step(CpuExecutor& exec) {
-    const bool ams = opt_.amsgrad;
-    float* m_all = exp_avg_.data();
-    float* v_all = exp_avg_sq_.data();
-    float* vmax_all = max_exp_avg_sq_.data();
-    // A sqrt and a divide per element: worth threads at a quarter of the elementwise grain.
-    // The inner loops vectorise (GCC -O3 unswitches them on the flags in h) only where sqrt
-    // need not set errno: build with -fno-math-errno, or they stay scalar (~4x slower).
-    exec.parallel_for(table_.total_size(), CpuExecutor::grain / 4, [&](index_t b, index_t e) {
-      table_.for_each_slot_span(b, e, [&](index_t k, const ParamSlot& s, index_t lb, index_t le, index_t fb) {
-        if (!slots_.active(k)) return;
-        const AdamParams hl = params_[std::size_t(k)];  // a private copy: stores through p cannot change it
-        float* KILN_RESTRICT p = s.value;
-        const float* KILN_RESTRICT g = s.grad;
-        float* KILN_RESTRICT m = m_all + (fb - lb);
-        float* KILN_RESTRICT v = v_all + (fb - lb);
-        if (ams) {
-          float* KILN_RESTRICT vmax = vmax_all + (fb - lb);
-          for (index_t i = lb; i < le; ++i) update(p[i], g[i], m[i], v[i], vmax[i], hl);
-        } else {
-          for (index_t i = lb; i < le; ++i) update(p[i], g[i], m[i], v[i], hl);
-        }
-      });
-    });
-  }
-  void eager_step(CpuExecutor& exec) {
-    index_t largest = 0;
-    for (const ParamSlot& s : table_) largest = std::max(largest, s.size);
-    auto scratch = exec.temps().take(std::size_t(largest) * sizeof(float));
-    for (index_t k = 0; k < table_.count(); ++k) {
-      if (!slots_.active(k)) continue;
-      const index_t off = table_.offset(k);
-      float* vmax = opt_.amsgrad ? max_exp_avg_sq_.data() + off : nullptr;
-      adam_eager_tensor<Decoupled>(exec, table_[k], exp_avg_.data() + off, exp_avg_sq_.data() + off, vmax,
-                                   static_cast<float*>(scratch.get()), opt_, params_[std::size_t(k)]);
-    }
-  }
+  // The loops of step(), one per stance: compiled once in kiln::kernels (below).
+  void fused_step(CpuExecutor& exec);
+  void eager_step(CpuExecutor& exec);
 
   static void update(float& p, float g, float& m, float& v, const AdamParams& h) {
     if constexpr (Decoupled) adamw_update(p, g, m, v, h);
@@ -429,6 +395,52 @@ class AdamBase {
   std::vector<float> exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
   index_t steps_ = 0;
 };
+
+template <bool Decoupled>
+void AdamBase<Decoupled>::fused_step(CpuExecutor& exec) {
+  const bool ams = opt_.amsgrad;
+  float* m_all = exp_avg_.data();
+  float* v_all = exp_avg_sq_.data();
+  float* vmax_all = max_exp_avg_sq_.data();
+  // A sqrt and a divide per element: worth threads at a quarter of the elementwise grain.
+  // The inner loops vectorise (GCC -O3 unswitches them on the flags in h) only where sqrt
+  // need not set errno: build with -fno-math-errno, or they stay scalar (~4x slower).
+  exec.parallel_for(table_.total_size(), CpuExecutor::grain / 4, [&](index_t b, index_t e) {
+    table_.for_each_slot_span(b, e, [&](index_t k, const ParamSlot& s, index_t lb, index_t le, index_t fb) {
+      if (!slots_.active(k)) return;
+      const AdamParams hl = params_[std::size_t(k)];  // a private copy: stores through p cannot change it
+      float* KILN_RESTRICT p = s.value;
+      const float* KILN_RESTRICT g = s.grad;
+      float* KILN_RESTRICT m = m_all + (fb - lb);
+      float* KILN_RESTRICT v = v_all + (fb - lb);
+      if (ams) {
+        float* KILN_RESTRICT vmax = vmax_all + (fb - lb);
+        for (index_t i = lb; i < le; ++i) update(p[i], g[i], m[i], v[i], vmax[i], hl);
+      } else {
+        for (index_t i = lb; i < le; ++i) update(p[i], g[i], m[i], v[i], hl);
+      }
+    });
+  });
+}
+template <bool Decoupled>
+void AdamBase<Decoupled>::eager_step(CpuExecutor& exec) {
+  index_t largest = 0;
+  for (const ParamSlot& s : table_) largest = std::max(largest, s.size);
+  auto scratch = exec.temps().take(std::size_t(largest) * sizeof(float));
+  for (index_t k = 0; k < table_.count(); ++k) {
+    if (!slots_.active(k)) continue;
+    const index_t off = table_.offset(k);
+    float* vmax = opt_.amsgrad ? max_exp_avg_sq_.data() + off : nullptr;
+    adam_eager_tensor<Decoupled>(exec, table_[k], exp_avg_.data() + off, exp_avg_sq_.data() + off, vmax,
+                                 static_cast<float*>(scratch.get()), opt_, params_[std::size_t(k)]);
+  }
+}
+
+// kiln::kernels (kiln/config.hpp) compiles both optimizers' loops once (src/kernels/optim.cpp).
+#if KILN_EXTERN_KERNELS
+extern template class AdamBase<false>;
+extern template class AdamBase<true>;
+#endif
 
 }  // namespace detail
 

@@ -35,7 +35,7 @@ namespace kiln::tune {
 
 class GemmTuner final : public cpu::GemmChooser {
  public:
-  explicit GemmTuner(GemmTunerOptions options = {}) : options_(options) {
+  explicit GemmTuner(GemmTunerOptions options = {}) : cpu::GemmChooser(&choose_any), options_(options) {
     if (!options_.use_cache) return;
     cache_.open(options_.cache_dir.empty() ? default_cache_dir() : options_.cache_dir, fingerprint());
   }
@@ -56,8 +56,7 @@ class GemmTuner final : public cpu::GemmChooser {
     return cache_.insert(key, std::move(c));
   }
 
-  cpu::gemm_tuning choose(cpu::gemm_type type, bool ta, bool tb, index_t m, index_t n, index_t k,
-                          int threads) override {
+  cpu::gemm_tuning choose(cpu::gemm_type type, bool ta, bool tb, index_t m, index_t n, index_t k, int threads) {
     switch (type) {
       case cpu::gemm_type::f32: return choose<float>(ta, tb, m, n, k, threads).tuning;
       case cpu::gemm_type::f64: return choose<double>(ta, tb, m, n, k, threads).tuning;
@@ -83,6 +82,12 @@ class GemmTuner final : public cpu::GemmChooser {
   }
 
  private:
+  // What an executor calls (cpu::GemmChooser).
+  static cpu::gemm_tuning choose_any(cpu::GemmChooser* self, cpu::gemm_type type, bool ta, bool tb, index_t m,
+                                     index_t n, index_t k, int threads) {
+    return static_cast<GemmTuner*>(self)->choose(type, ta, tb, m, n, k, threads);
+  }
+
   template <class T>
   static const char* type_name() {
     if constexpr (std::is_same_v<T, float>) return "f32";

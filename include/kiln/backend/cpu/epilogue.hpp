@@ -21,6 +21,7 @@
 #include "kiln/config.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/epilogue.hpp"
+#include "kiln/expr/functors.hpp"
 
 namespace kiln::cpu {
 
@@ -103,5 +104,37 @@ void store_rows(index_t r0, index_t r1, index_t n, const compute_t<T>* src, inde
     for (index_t j = 0; j < n; ++j) di[j] = convert<T>(si[j]);
   }
 }
+
+// kiln::kernels (kiln/config.hpp) compiles these passes once for kiln's activations and element
+// types (src/kernels/epilogue.cpp); an activation of one's own is compiled where it is used.
+#define KILN_CPU_EPILOGUE_INSTANCES(EXTERN, Act)                                                                    \
+  EXTERN template void bias_act_rows<Act, float>(index_t, index_t, index_t, const float*, index_t, float*, index_t, \
+                                                 const float*, float*);                                             \
+  EXTERN template void bias_act_rows<Act, bf16>(index_t, index_t, index_t, const float*, index_t, bf16*, index_t,   \
+                                                const float*, bf16*);                                               \
+  EXTERN template void bias_act_rows<Act, f16>(index_t, index_t, index_t, const float*, index_t, f16*, index_t,     \
+                                               const float*, f16*);                                                 \
+  EXTERN template void dact_cols<Act, float, float>(index_t, index_t, index_t, index_t, const float*, index_t,      \
+                                                    const float*, float*, index_t, bool, float*, bool);             \
+  EXTERN template void dact_cols<Act, bf16, bf16>(index_t, index_t, index_t, index_t, const bf16*, index_t,         \
+                                                  const bf16*, bf16*, index_t, bool, float*, bool);                 \
+  EXTERN template void dact_cols<Act, bf16, float>(index_t, index_t, index_t, index_t, const float*, index_t,       \
+                                                   const bf16*, bf16*, index_t, bool, float*, bool);                \
+  EXTERN template void dact_cols<Act, f16, f16>(index_t, index_t, index_t, index_t, const f16*, index_t,            \
+                                                const f16*, f16*, index_t, bool, float*, bool);                     \
+  EXTERN template void dact_cols<Act, f16, float>(index_t, index_t, index_t, index_t, const float*, index_t,        \
+                                                  const f16*, f16*, index_t, bool, float*, bool);
+#define KILN_CPU_EPILOGUE_ACTIVATIONS(EXTERN)            \
+  KILN_CPU_EPILOGUE_INSTANCES(EXTERN, fn::Identity)      \
+  KILN_CPU_EPILOGUE_INSTANCES(EXTERN, fn::Relu)          \
+  KILN_CPU_EPILOGUE_INSTANCES(EXTERN, fn::GeluErf)       \
+  KILN_CPU_EPILOGUE_INSTANCES(EXTERN, fn::GeluTanh)      \
+  KILN_CPU_EPILOGUE_INSTANCES(EXTERN, fn::Silu)          \
+  KILN_CPU_EPILOGUE_INSTANCES(EXTERN, fn::Tanh)          \
+  KILN_CPU_EPILOGUE_INSTANCES(EXTERN, fn::Sigmoid)       \
+  KILN_CPU_EPILOGUE_INSTANCES(EXTERN, fn::Softplus)
+#if KILN_EXTERN_KERNELS
+KILN_CPU_EPILOGUE_ACTIVATIONS(extern)
+#endif
 
 }  // namespace kiln::cpu

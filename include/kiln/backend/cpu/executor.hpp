@@ -378,8 +378,16 @@ class CpuExecutor {
   // Sums are pairwise over fixed blocks, so the result does not depend on the thread count.
   // accumulate adds each result to what out holds (a gradient's later contribution) instead of
   // overwriting it, in the same launch.
+  // A view's (or variable's) evaluator is reduced as its canonical leaf (detail::canonical_leaf_t:
+  // static sizes erased), so one reduction is compiled for every size — once, in kiln::kernels,
+  // for the common operators and types (below the class).
   template <class Op, class R, class Ev>
   void reduce(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate = false) {
+    using Leaf = detail::canonical_leaf_t<Ev>;
+    if constexpr (!std::is_void_v<Leaf> && !std::is_same_v<Leaf, Ev>) {
+      reduce<Op>(out, Leaf(ev), rows, cols, per_row, accumulate);
+      return;
+    }
     using T = typename Ev::value_type;
     using Acc = typename Op::template acc_t<T>;
     static_assert(std::is_trivially_copyable_v<Acc> && std::is_trivially_destructible_v<Acc>);
@@ -393,40 +401,7 @@ class CpuExecutor {
 
  private:
   template <class Op, class R, class Ev, class Acc>
-  void reduce_now(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate, Acc* partial) {
-    using T = typename Ev::value_type;
-    const index_t n = rows * cols;
-    stats_.count(kind::reduce, Op::name, n, std::size_t(n) * sizeof(T));
-    if (per_row) {
-      parallel_for(rows, std::max<index_t>(1, grain / std::max<index_t>(cols, 1)), [&](index_t rb, index_t re) {
-        const Ev local = ev;
-        for (index_t r = rb; r < re; ++r) {
-          const auto v = Op::finish(pairwise<Op, T>([&](index_t c) { return local.at(r, c); }, 0, cols), cols);
-          red::store(out[r], v, accumulate);
-        }
-      });
-      return;
-    }
-    const bool flat = ev.flat_ok();
-    const index_t block = flat ? reduce_block : std::max<index_t>(cols, 1);
-    const index_t blocks = flat ? (n + block - 1) / block : rows;
-    std::uninitialized_fill_n(partial, std::max<index_t>(blocks, 1), Op::template init<T>());
-    parallel_for(blocks, std::max<index_t>(1, grain / block), [&](index_t bb, index_t be) {
-      const Ev local = ev;
-      for (index_t k = bb; k < be; ++k) {
-        if (flat) {
-          const index_t b = k * block, e = std::min(n, b + block);
-          partial[k] = pairwise<Op, T>([&](index_t i) { return local.flat(i); }, b, e);
-        } else {
-          Acc a = pairwise<Op, T>([&](index_t c) { return local.at(k, c); }, 0, cols);
-          if constexpr (requires { a.i; }) a.i = a.i < 0 ? a.i : a.i + k * cols;  // row index -> flat index
-          partial[k] = a;
-        }
-      }
-    });
-    const auto v = Op::finish(merge_tree<Op, T>(partial, 0, std::max<index_t>(blocks, 1)), n);
-    red::store(out[0], v, accumulate);
-  }
+  void reduce_now(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate, Acc* partial);
 
  public:
   // Elements per block of a whole-tensor reduction: fixed, so results are reproducible.
@@ -508,6 +483,66 @@ class CpuExecutor {
   cpu::GemmChooser* chooser_ = nullptr;  // mode::max_autotune's tuner, if any
   int depth_ = 0;                      // launches under way (a launch may run others)
 };
+
+template <class Op, class R, class Ev, class Acc>
+void CpuExecutor::reduce_now(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate,
+                           Acc* partial) {
+  using T = typename Ev::value_type;
+  const index_t n = rows * cols;
+  stats_.count(kind::reduce, Op::name, n, std::size_t(n) * sizeof(T));
+  if (per_row) {
+    parallel_for(rows, std::max<index_t>(1, grain / std::max<index_t>(cols, 1)), [&](index_t rb, index_t re) {
+      const Ev local = ev;
+      for (index_t r = rb; r < re; ++r) {
+        const auto v = Op::finish(pairwise<Op, T>([&](index_t c) { return local.at(r, c); }, 0, cols), cols);
+        red::store(out[r], v, accumulate);
+      }
+    });
+    return;
+  }
+  const bool flat = ev.flat_ok();
+  const index_t block = flat ? reduce_block : std::max<index_t>(cols, 1);
+  const index_t blocks = flat ? (n + block - 1) / block : rows;
+  std::uninitialized_fill_n(partial, std::max<index_t>(blocks, 1), Op::template init<T>());
+  parallel_for(blocks, std::max<index_t>(1, grain / block), [&](index_t bb, index_t be) {
+    const Ev local = ev;
+    for (index_t k = bb; k < be; ++k) {
+      if (flat) {
+        const index_t b = k * block, e = std::min(n, b + block);
+        partial[k] = pairwise<Op, T>([&](index_t i) { return local.flat(i); }, b, e);
+      } else {
+        Acc a = pairwise<Op, T>([&](index_t c) { return local.at(k, c); }, 0, cols);
+        if constexpr (requires { a.i; }) a.i = a.i < 0 ? a.i : a.i + k * cols;  // row index -> flat index
+        partial[k] = a;
+      }
+    }
+  });
+  const auto v = Op::finish(merge_tree<Op, T>(partial, 0, std::max<index_t>(blocks, 1)), n);
+  red::store(out[0], v, accumulate);
+}
+
+// kiln::kernels (kiln/config.hpp) compiles the reductions of plain views of float and double —
+// sum, mean, max, min over everything or per row, argmax / argmin — once (src/kernels/reduce.cpp).
+#define KILN_CPU_REDUCE_INSTANCE(EXTERN, Op, R, T, Ext)                                                         \
+  EXTERN template void CpuExecutor::reduce_now<Op, R, Evaluator<View<const T, host, Ext>>,                      \
+                                               typename Op::template acc_t<T>>(                                 \
+      R*, const Evaluator<View<const T, host, Ext>>&, index_t, index_t, bool, bool, typename Op::template acc_t<T>*);
+#define KILN_CPU_REDUCE_TYPE(EXTERN, T, Ext)                                 \
+  KILN_CPU_REDUCE_INSTANCE(EXTERN, red::Sum, T, T, Ext)                      \
+  KILN_CPU_REDUCE_INSTANCE(EXTERN, red::Mean, T, T, Ext)                     \
+  KILN_CPU_REDUCE_INSTANCE(EXTERN, red::Max, T, T, Ext)                      \
+  KILN_CPU_REDUCE_INSTANCE(EXTERN, red::Min, T, T, Ext)                      \
+  KILN_CPU_REDUCE_INSTANCE(EXTERN, red::ArgMax, std::int64_t, T, Ext)        \
+  KILN_CPU_REDUCE_INSTANCE(EXTERN, red::ArgMin, std::int64_t, T, Ext)
+namespace cpu::detail {
+using matrix_extents = extents<dyn, dyn>;  // the canonical leaf's extents up to rank 2
+}  // namespace cpu::detail
+#define KILN_CPU_REDUCTIONS(EXTERN)                                \
+  KILN_CPU_REDUCE_TYPE(EXTERN, float, cpu::detail::matrix_extents) \
+  KILN_CPU_REDUCE_TYPE(EXTERN, double, cpu::detail::matrix_extents)
+#if KILN_EXTERN_KERNELS
+KILN_CPU_REDUCTIONS(extern)
+#endif
 
 template <>
 struct executor_for<host> {

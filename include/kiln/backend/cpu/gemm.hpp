@@ -151,12 +151,25 @@ inline constexpr gemm_type gemm_type_of = std::is_same_v<T, float>    ? gemm_typ
                                           : std::is_same_v<T, double> ? gemm_type::f64
                                           : std::is_same_v<T, bf16>   ? gemm_type::bf16
                                                                       : gemm_type::f16;
+//
+// A function pointer, not a virtual function: at a virtual call GCC speculates on the overriders
+// it can see (-fdevirtualize-speculatively) — the autotuner, with its timing code for every GEMM
+// type — and compiled them into every program that runs a GEMM, tuned or not (30 KB of object
+// code, a second or more of -O3, per translation unit).
 class GemmChooser {
  public:
-  virtual gemm_tuning choose(gemm_type type, bool ta, bool tb, index_t m, index_t n, index_t k, int threads) = 0;
+  gemm_tuning choose(gemm_type type, bool ta, bool tb, index_t m, index_t n, index_t k, int threads) {
+    return choose_(this, type, ta, tb, m, n, k, threads);
+  }
 
  protected:
+  using ChooseFn = gemm_tuning (*)(GemmChooser* self, gemm_type type, bool ta, bool tb, index_t m, index_t n,
+                                   index_t k, int threads);
+  explicit GemmChooser(ChooseFn choose) : choose_(choose) {}
   ~GemmChooser() = default;
+
+ private:
+  ChooseFn choose_;
 };
 
 // Block extents and register tile of kiln's own kernel for inputs of type T (the autotuner's
@@ -225,5 +238,22 @@ void gemm(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alp
   detail::gemm_dispatch("kiln::cpu::gemm", current_gemm_backend() == gemm_backend::cblas, ta, tb, m,
                         n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
 }
+
+// kiln::kernels (kiln/config.hpp) compiles the GEMM entry points once per element type — kiln's
+// own kernels, packing and blocking, the dispatch to CBLAS — in src/kernels/gemm.cpp.
+#define KILN_CPU_GEMM_INSTANCES(EXTERN, T)                                                                   \
+  EXTERN template void gemm<T>(trans, trans, index_t, index_t, index_t, gemm_acc_t<T>, const T*, index_t,      \
+                               const T*, index_t, gemm_acc_t<T>, gemm_acc_t<T>*, index_t, int);                \
+  EXTERN template void gemm_own<T>(trans, trans, index_t, index_t, index_t, gemm_acc_t<T>, const T*, index_t,  \
+                                   const T*, index_t, gemm_acc_t<T>, gemm_acc_t<T>*, index_t, int);            \
+  EXTERN template void gemm_tuned<T>(trans, trans, index_t, index_t, index_t, gemm_acc_t<T>, const T*, index_t, \
+                                     const T*, index_t, gemm_acc_t<T>, gemm_acc_t<T>*, index_t, int,            \
+                                     const gemm_tuning&);
+#if KILN_EXTERN_KERNELS
+KILN_CPU_GEMM_INSTANCES(extern, float)
+KILN_CPU_GEMM_INSTANCES(extern, double)
+KILN_CPU_GEMM_INSTANCES(extern, bf16)
+KILN_CPU_GEMM_INSTANCES(extern, f16)
+#endif
 
 }  // namespace kiln::cpu
