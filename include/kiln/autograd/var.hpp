@@ -177,4 +177,10 @@ class Evaluator<ag::VarLeaf<T, S, Ext>> : public Evaluator<View<const T, S, Ext>
   Evaluator(const ag::VarLeaf<T, S, Ext>& l, const Shape& dst) : Evaluator<View<const T, S, Ext>>(l.view, dst) {}
 };
 
+// A variable reads like a view (expr/evaluator.hpp: the erased form of an expression).
+template <class T, class S, class Ext>
+struct detail::erased_node<ag::VarLeaf<T, S, Ext>> {
+  using type = View<const T, S, dyn_extents_t<Ext>>;
+};
+
 }  // namespace kiln

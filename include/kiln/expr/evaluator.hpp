@@ -287,9 +287,15 @@ class Evaluator<Scalar<T>> {
 
 template <class F, class A>
 class Evaluator<Unary<F, A>> {
+  template <class E>
+  friend class Evaluator;
+
  public:
   using value_type = typename Unary<F, A>::value_type;
   Evaluator(const Unary<F, A>& n, const Shape& dst) : f_(n.f), a_(n.a, dst) {}
+  // From the evaluator of the same expression over other leaf types (detail::erased_node_t).
+  template <class A2>
+  explicit Evaluator(const Evaluator<Unary<F, A2>>& o) : f_(o.f_), a_(o.a_) {}
   KILN_HOST_DEVICE value_type at(index_t r, index_t c) const { return f_(value_type(a_.at(r, c))); }
   KILN_HOST_DEVICE value_type flat(index_t i) const { return f_(value_type(a_.flat(i))); }
   template <int V>
@@ -316,9 +322,14 @@ class Evaluator<Unary<F, A>> {
 
 template <class F, class A, class B>
 class Evaluator<Binary<F, A, B>> {
+  template <class E>
+  friend class Evaluator;
+
  public:
   using value_type = typename Binary<F, A, B>::value_type;
   Evaluator(const Binary<F, A, B>& n, const Shape& dst) : f_(n.f), a_(n.a, dst), b_(n.b, dst) {}
+  template <class A2, class B2>
+  explicit Evaluator(const Evaluator<Binary<F, A2, B2>>& o) : f_(o.f_), a_(o.a_), b_(o.b_) {}
   KILN_HOST_DEVICE value_type at(index_t r, index_t c) const {
     return f_(value_type(a_.at(r, c)), value_type(b_.at(r, c)));
   }
@@ -351,9 +362,14 @@ class Evaluator<Binary<F, A, B>> {
 
 template <class F, class A, class B, class C>
 class Evaluator<Ternary<F, A, B, C>> {
+  template <class E>
+  friend class Evaluator;
+
  public:
   using value_type = typename Ternary<F, A, B, C>::value_type;
   Evaluator(const Ternary<F, A, B, C>& n, const Shape& dst) : f_(n.f), a_(n.a, dst), b_(n.b, dst), c_(n.c, dst) {}
+  template <class A2, class B2, class C2>
+  explicit Evaluator(const Evaluator<Ternary<F, A2, B2, C2>>& o) : f_(o.f_), a_(o.a_), b_(o.b_), c_(o.c_) {}
   KILN_HOST_DEVICE value_type at(index_t r, index_t c) const {
     return f_(value_type(a_.at(r, c)), value_type(b_.at(r, c)), value_type(c_.at(r, c)));
   }
@@ -393,9 +409,14 @@ class Evaluator<Ternary<F, A, B, C>> {
 
 template <class To, class A>
 class Evaluator<Cast<To, A>> {
+  template <class E>
+  friend class Evaluator;
+
  public:
   using value_type = compute_t<To>;
   Evaluator(const Cast<To, A>& n, const Shape& dst) : a_(n.a, dst) {}
+  template <class A2>
+  explicit Evaluator(const Evaluator<Cast<To, A2>>& o) : a_(o.a_) {}
   KILN_HOST_DEVICE value_type at(index_t r, index_t c) const { return round(a_.at(r, c)); }
   KILN_HOST_DEVICE value_type flat(index_t i) const { return round(a_.flat(i)); }
   template <int V>
@@ -422,5 +443,86 @@ class Evaluator<Cast<To, A>> {
   }
   Evaluator<A> a_;
 };
+
+// ---- the same expression with its static sizes erased ------------------------------------------
+// A kernel compiled per expression type is compiled again for each static size its leaves carry
+// (a bias add over 128 features and over 256 is two kernels of identical code). An executor
+// evaluates an expression whose nodes all have an erased form (views, variables, scalars, unary,
+// binary and ternary nodes, casts) through the evaluator of that form instead: the same code, one
+// instantiation per rank, whatever the sizes.
+namespace detail {
+template <int R>
+struct dyn_extents_of;
+template <>
+struct dyn_extents_of<0> {
+  using type = extents<>;
+};
+template <>
+struct dyn_extents_of<1> {
+  using type = extents<dyn>;
+};
+template <>
+struct dyn_extents_of<2> {
+  using type = extents<dyn, dyn>;
+};
+template <>
+struct dyn_extents_of<3> {
+  using type = extents<dyn, dyn, dyn>;
+};
+template <>
+struct dyn_extents_of<4> {
+  using type = extents<dyn, dyn, dyn, dyn>;
+};
+// Ext with every size dynamic, its rank kept.
+template <class Ext>
+using dyn_extents_t = typename dyn_extents_of<Ext::rank>::type;
+
+// E with its leaves' sizes erased, or void when a node has no erased form.
+template <class E>
+struct erased_node {
+  using type = void;
+};
+template <class E>
+using erased_node_t = typename erased_node<E>::type;
+template <class T, class S, class Ext>
+struct erased_node<View<T, S, Ext>> {
+  using type = View<const std::remove_const_t<T>, S, dyn_extents_t<Ext>>;
+};
+template <class T>
+struct erased_node<Scalar<T>> {
+  using type = Scalar<T>;
+};
+template <class F, class A>
+struct erased_node<Unary<F, A>> {
+  using type = std::conditional_t<std::is_void_v<erased_node_t<A>>, void, Unary<F, erased_node_t<A>>>;
+};
+template <class F, class A, class B>
+struct erased_node<Binary<F, A, B>> {
+  using type = std::conditional_t<std::is_void_v<erased_node_t<A>> || std::is_void_v<erased_node_t<B>>, void,
+                                  Binary<F, erased_node_t<A>, erased_node_t<B>>>;
+};
+template <class F, class A, class B, class C>
+struct erased_node<Ternary<F, A, B, C>> {
+  using type = std::conditional_t<
+      std::is_void_v<erased_node_t<A>> || std::is_void_v<erased_node_t<B>> || std::is_void_v<erased_node_t<C>>, void,
+      Ternary<F, erased_node_t<A>, erased_node_t<B>, erased_node_t<C>>>;
+};
+template <class To, class A>
+struct erased_node<Cast<To, A>> {
+  using type = std::conditional_t<std::is_void_v<erased_node_t<A>>, void, Cast<To, erased_node_t<A>>>;
+};
+
+// The evaluator of Ev's erased expression (void when there is none).
+template <class Ev>
+struct erased_evaluator {
+  using type = void;
+};
+template <class E>
+struct erased_evaluator<Evaluator<E>> {
+  using type = std::conditional_t<std::is_void_v<erased_node_t<E>>, void, Evaluator<erased_node_t<E>>>;
+};
+template <class Ev>
+using erased_evaluator_t = typename erased_evaluator<Ev>::type;
+}  // namespace detail
 
 }  // namespace kiln

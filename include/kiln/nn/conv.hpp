@@ -119,6 +119,49 @@ void write_or_add(T* dst, const T* src, index_t n, bool add) {
   }
 }
 
+// "Conv2d<3, 64, 7, stride 2, pad 3, no bias>": one function for every layer configuration.
+inline std::string describe_conv2d(bool nhwc, index_t cin, index_t cout, index_t kernel, index_t stride,
+                                   index_t padding, index_t dilation, bool bias) {
+  std::string d = nhwc ? "Conv2d[nhwc]<" : "Conv2d<";
+  d.append(std::to_string(cin)).append(", ").append(std::to_string(cout)).append(", ").append(std::to_string(kernel));
+  if (stride != 1) d.append(", stride ").append(std::to_string(stride));
+  if (padding != 0) d.append(", pad ").append(std::to_string(padding));
+  if (dilation != 1) d.append(", dilation ").append(std::to_string(dilation));
+  return d.append(bias ? ">" : ", no bias>");
+}
+
+// The CPU convolution's epilogue: z + bias, then the activation, keeping the pre-activation in
+// `keep` (nullable). A functor of the element type and the activation only, so the convolution
+// driver it is handed to is compiled once per (T, Act), not once per layer (a lambda in
+// conv2d_impl made it one per layer configuration).
+template <class T, class Act>
+struct ConvFinish {
+  const T* bias;
+  T* keep;
+  index_t c_out, ohw;
+  // One row of `len` outputs whose channels are co0, co0 + step, ...: NCHW one channel's plane
+  // (step 0), NHWC one pixel's channels (step 1).
+  void row(const T* z, T* y, T* k, index_t len, index_t co0, index_t step) const {
+    for (index_t p = 0; p < len; ++p) {
+      const T v = z[p] + (bias ? bias[co0 + p * step] : T(0));
+      if constexpr (!is_identity_act_v<Act>) {
+        if (k) k[p] = v;
+        y[p] = Act{}(v);
+      } else {
+        y[p] = v;
+      }
+    }
+  }
+  // NCHW: image n's plane of channel co.
+  void operator()(index_t n, index_t co, const T* z, T* y, index_t len) const {
+    row(z, y, keep ? keep + (n * c_out + co) * ohw : nullptr, len, co, 0);
+  }
+  // NHWC: one pixel's channels.
+  void operator()(index_t pixel, const T* z, T* y, index_t len) const {
+    row(z, y, keep ? keep + pixel * c_out : nullptr, len, 0, 1);
+  }
+};
+
 // y = act(conv(x, w) + b) with x [N, Cin, H, W] (nhwc: [N, H, W, Cin]), w [Cout, Cin, K, K] in
 // either layout, b [Cout] (bd null: none). Out is the result's variable type (the layer computes
 // its static extents).
@@ -168,33 +211,11 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
       tape.exec().for_each_element(1, y_size, ConvBiasAct<T, Act>{out.value().data(), keep, bias, ix}, kind::elementwise,
                                    has_act ? std::string("bias+") + Act::name : std::string("bias"), y_bytes * 2);
   } else {
-  const int threads = tape.exec().threads();
-  const index_t c_out = s.c_out;
-  // z + bias, then the activation; k (nullable) keeps the pre-activation. One row: `len` outputs
-  // whose channels are co0, co0 + step, ... (NCHW: one channel's plane, step 0; NHWC: one pixel's
-  // channels, step 1).
-  auto finish = [bias](const T* z, T* y, T* k, index_t len, index_t co0, index_t step) {
-    for (index_t p = 0; p < len; ++p) {
-      const T v = z[p] + (bias ? bias[co0 + p * step] : T(0));
-      if constexpr (has_act) {
-        if (k) k[p] = v;
-        y[p] = Act{}(v);
-      } else {
-        y[p] = v;
-      }
-    }
-  };
-  if constexpr (nhwc) {
-    cpu::conv2d_nhwc_forward_epilogue(s, x.value().data(), wd->value.data(), out.value().data(), threads,
-                                      [&](index_t row, const T* z, T* y, index_t len) {
-                                        finish(z, y, keep ? keep + row * c_out : nullptr, len, 0, 1);
-                                      });
-  } else {
-    cpu::conv2d_forward_epilogue(s, x.value().data(), wd->value.data(), out.value().data(), threads,
-                                 [&](index_t n, index_t co, const T* z, T* y, index_t len) {
-                                   finish(z, y, keep ? keep + (n * c_out + co) * ohw : nullptr, len, co, 0);
-                                 });
-  }
+  const ConvFinish<T, Act> finish{bias, keep, s.c_out, ohw};
+  if constexpr (nhwc) cpu::conv2d_nhwc_forward_epilogue(s, x.value().data(), wd->value.data(), out.value().data(),
+                                                        tape.exec().threads(), finish);
+  else cpu::conv2d_forward_epilogue(s, x.value().data(), wd->value.data(), out.value().data(), tape.exec().threads(),
+                                    finish);
   }
   if (!recording) return out;
   out.set_requires_grad(true);
@@ -368,12 +389,7 @@ class Conv2d {
   static constexpr index_t parameter_tensors = Bias ? 2 : 1;
 
   static std::string describe() {
-    std::string d = std::string(Layout == layout::nhwc ? "Conv2d[nhwc]<" : "Conv2d<") + std::to_string(Cin) + ", " +
-                    std::to_string(Cout) + ", " + std::to_string(Kernel);
-    if (Stride != 1) d += ", stride " + std::to_string(Stride);
-    if (Padding != 0) d += ", pad " + std::to_string(Padding);
-    if (Dilation != 1) d += ", dilation " + std::to_string(Dilation);
-    return d + (Bias ? ">" : ", no bias>");
+    return detail::describe_conv2d(Layout == layout::nhwc, Cin, Cout, Kernel, Stride, Padding, Dilation, Bias);
   }
 
   template <class F>

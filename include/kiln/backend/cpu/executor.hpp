@@ -147,10 +147,18 @@ class CpuExecutor {
                             const_cast<void*>(static_cast<const void*>(&body)));
   }
 
-  // dst = ev over dst's 2-D fold, as one "kernel".
+  // dst = ev over dst's 2-D fold, as one "kernel". An expression with an erased form
+  // (detail::erased_evaluator_t: its static sizes dropped) runs as that form, so one loop is
+  // compiled for every size the model's layers have.
   template <class T, class Ext, class Ev>
   void elementwise(const View<T, host, Ext>& dst, const Ev& ev, const std::string& name) {
-    launch(name, [this, dst, ev](std::string_view nm) { elementwise_now(dst, ev, nm); });
+    using Erased = detail::erased_evaluator_t<Ev>;
+    using DynExt = detail::dyn_extents_t<Ext>;
+    if constexpr (!std::is_void_v<Erased> && !(std::is_same_v<Erased, Ev> && std::is_same_v<DynExt, Ext>)) {
+      elementwise(View<T, host, DynExt>(dst.data(), dst.shape(), dst.strides()), Erased(ev), name);
+    } else {
+      launch(name, [this, dst, ev](std::string_view nm) { elementwise_now(dst, ev, nm); });
+    }
   }
 
   // Runs kernel(r, c) for every element of a [rows, cols] fold as one "kernel" of kind k.
@@ -384,10 +392,15 @@ class CpuExecutor {
   template <class Op, class R, class Ev>
   void reduce(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate = false) {
     using Leaf = detail::canonical_leaf_t<Ev>;
-    if constexpr (!std::is_void_v<Leaf> && !std::is_same_v<Leaf, Ev>) {
-      reduce<Op>(out, Leaf(ev), rows, cols, per_row, accumulate);
-      return;
-    }
+    if constexpr (!std::is_void_v<Leaf> && !std::is_same_v<Leaf, Ev>)
+      reduce_as<Op>(out, Leaf(ev), rows, cols, per_row, accumulate);
+    else
+      reduce_as<Op>(out, ev, rows, cols, per_row, accumulate);
+  }
+
+ private:
+  template <class Op, class R, class Ev>
+  void reduce_as(R* out, const Ev& ev, index_t rows, index_t cols, bool per_row, bool accumulate) {
     using T = typename Ev::value_type;
     using Acc = typename Op::template acc_t<T>;
     static_assert(std::is_trivially_copyable_v<Acc> && std::is_trivially_destructible_v<Acc>);

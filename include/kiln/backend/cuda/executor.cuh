@@ -301,8 +301,22 @@ class CudaExecutor {
     if (bytes) KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
 
+  // An expression with an erased form (kiln/expr/evaluator.hpp, detail::erased_evaluator_t: its
+  // static sizes dropped) runs as that form: its six kernels (packet, flat, 2-D, each with 32- and
+  // 64-bit indices) are compiled once for every size the model's layers have.
   template <class T, class Ext, class Ev>
   void elementwise(const View<T, cuda, Ext>& dst, const Ev& ev, const std::string& name) {
+    using Erased = kiln::detail::erased_evaluator_t<Ev>;
+    using DynExt = kiln::detail::dyn_extents_t<Ext>;
+    if constexpr (!std::is_void_v<Erased> && !(std::is_same_v<Erased, Ev> && std::is_same_v<DynExt, Ext>))
+      elementwise(View<T, cuda, DynExt>(dst.data(), dst.shape(), dst.strides()), Erased(ev), name);
+    else
+      elementwise_now(dst, ev, name);
+  }
+
+ private:
+  template <class T, class Ext, class Ev>
+  void elementwise_now(const View<T, cuda, Ext>& dst, const Ev& ev, const std::string& name) {
     const Shape& s = dst.shape();
     const index_t n = s.size();
     stats_.count(kind::elementwise, name, n, std::size_t(n) * sizeof(T));
@@ -333,6 +347,7 @@ class CudaExecutor {
     KILN_CUDA_CHECK(cudaGetLastError());
   }
 
+ public:
   // The lanes per packet elementwise(dst, ev) runs with, or 0 when it runs a scalar kernel
   // (strided or broadcast operands, a misaligned leaf or destination, 1- or 8-byte elements).
   template <class T, class Ext, class Ev>
