@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+// One policy, the fused stance: the ops' force_eager forms are not compiled (kiln/config.hpp).
+#define KILN_FORCE_EAGER_FORMS 0
 #include "kiln/models/resnet.hpp"
 #include "kiln/train.hpp"
 

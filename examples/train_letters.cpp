@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <string>
 
+// One policy, the fused stance: the ops' unfused force_eager forms are not compiled (a fifth of
+// this file's compile time; kiln/config.hpp, KILN_FORCE_EAGER_FORMS).
+#define KILN_FORCE_EAGER_FORMS 0
 #include "kiln/train.hpp"
 #if KILN_CUDA_COMPILER
 #include "kiln/train.cuh"

@@ -33,6 +33,22 @@
 #define KILN_DEVICE_PASS 0
 #endif
 
+// A function declared weak: a reference to it that no file of the program defines links to null
+// instead of failing (ELF, GCC and Clang). kiln declares stance::force_eager's form of each op so.
+#define KILN_WEAK __attribute__((weak))
+
+// Whether the ops' headers bring their stance::force_eager forms (kiln/force_eager.hpp): on by
+// default. A file that defines KILN_FORCE_EAGER_FORMS 0 before including kiln compiles the fused
+// forms alone — a fifth of a small training program's compile time — and its ops reach the
+// unfused forms through weak references: to the ones another file of the program compiled, or
+// to none (a force_eager tape then throws ValueError naming kiln/force_eager.hpp). ODR-safe: the
+// setting changes which form definitions a file holds, never an op's code. A file with it off
+// whose model uses types with internal linkage (an anonymous namespace's functor) must include
+// kiln/force_eager.hpp, as no other file can define their forms.
+#ifndef KILN_FORCE_EAGER_FORMS
+#define KILN_FORCE_EAGER_FORMS 1
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define KILN_RESTRICT __restrict__
 #else
@@ -49,6 +65,22 @@
 #define KILN_EXTERN_KERNELS 1
 #else
 #define KILN_EXTERN_KERNELS 0
+#endif
+
+// The same for non-template functions whose bodies are worth compiling once (the data readers,
+// the loader): declared with KILN_COMPILED; their bodies sit in `#if KILN_HEADER_BODIES` blocks.
+// Header-only, they are inline and their bodies always there. A program linking kiln::kernels sees
+// the declarations only; the library compiles the bodies once, in src/kernels/bodies.cpp (which
+// defines KILN_COMPILE_BODIES).
+#if !defined(KILN_KERNELS_LIBRARY)
+#define KILN_HEADER_BODIES 1
+#define KILN_COMPILED inline
+#elif defined(KILN_COMPILE_BODIES)
+#define KILN_HEADER_BODIES 1
+#define KILN_COMPILED
+#else
+#define KILN_HEADER_BODIES 0
+#define KILN_COMPILED
 #endif
 
 namespace kiln {

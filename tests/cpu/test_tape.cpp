@@ -1,6 +1,11 @@
 // The tape's semantics (autograd/tape.hpp): backward(loss) runs exactly loss's graph, two losses
 // backwarded in turn give the gradients of their sum (separate heads and a shared trunk alike),
-// freed graphs throw, retain_graph, graphs die with their results, and the growth warning.
+// freed graphs throw, retain_graph, graphs die with their results, the growth warning, and a
+// force_eager tape in a file that compiled no force_eager forms.
+//
+// This file turns the ops' force_eager forms off (kiln/config.hpp): the last case needs ops whose
+// forms no file of the suite compiles.
+#define KILN_FORCE_EAGER_FORMS 0
 #include <kiln.hpp>
 #include <kiln/core/warning.hpp>
 #include <kiln/nn/activation.hpp>
@@ -239,4 +244,23 @@ TEST_CASE("Var::item reads a one-element variable; other shapes throw") {
   CHECK(loss.item() == loss.value().data()[0]);
   CHECK(loss.item() > 0.0f);
   CHECK_THROWS_WITH_AS(x.item(), doctest::Contains("one-element variable, got shape [2, 4]"), ShapeError);
+}
+
+// This file compiles no force_eager forms (KILN_FORCE_EAGER_FORMS 0), and no file of the suite
+// runs these ops on these types: their forms are compiled nowhere (KILN_WEAK), and the ops say so.
+TEST_CASE("force_eager: an op whose eager form no file compiled names the header that compiles it") {
+  CpuExecutor exec(1);
+  ag::Var<double, host, dyn, 5> x(Tensor<double, host, dyn, 5>(3, 5), true);
+  for (int i = 0; i < 15; ++i) x.value().data()[i] = 0.25 * double(i) - 1.0;
+  Tape fused(exec);
+  const auto y = ag::map(fused, x * 7.0 - x);
+  CHECK(y.value().data()[1] == doctest::Approx(6.0 * (0.25 - 1.0)));
+
+  Tape eager(exec, {.force_eager = true});
+  CHECK_THROWS_WITH_AS(ag::map(eager, x * 7.0 - x), doctest::Contains("reached ag::map"), ValueError);
+  CHECK_THROWS_WITH_AS(ag::map(eager, x * 7.0 - x), doctest::Contains("#include <kiln/force_eager.hpp>"), ValueError);
+  nn::Linear<5, 2, true, double> layer;
+  CHECK_THROWS_WITH_AS(layer.forward(eager, x), doctest::Contains("reached ag::linear"), ValueError);
+  // The tape is left as it was: a fused tape still runs the same ops.
+  CHECK(layer.forward(fused, x).shape() == Shape{3, 2});
 }

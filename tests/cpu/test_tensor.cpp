@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <limits>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -338,4 +340,44 @@ TEST_CASE("TempPool reuses returned buffers by size") {
   kiln::assign<kiln::stance::force_eager>(y, (x * 2 + 1) * 3 - 1, exec);
   CHECK(exec.temps().cached_buffers() == cached);
   CHECK(y(999) == 8.0f);
+}
+
+// Error messages are built by detail::concat without a stream per check (core/error.hpp): every
+// kind of part must read exactly as std::ostream's operator<< writes it.
+namespace {
+template <class... Parts>
+std::string streamed(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+}  // namespace
+
+TEST_CASE("concat writes each part as std::ostream would") {
+  const std::string s = "text";
+  const std::string_view sv = "view";
+  char* mutable_chars = const_cast<char*>("chars");
+  const Shape shape{2, 3};
+  enum Unscoped { first = 3 };
+  CHECK(kiln::detail::concat("a", s, sv, mutable_chars, 'c') == streamed("a", s, sv, mutable_chars, 'c'));
+  CHECK(kiln::detail::concat(-7, 7u, -123456789012345ll, 18446744073709551615ull, short(-3), std::size_t(9)) ==
+        streamed(-7, 7u, -123456789012345ll, 18446744073709551615ull, short(-3), std::size_t(9)));
+  CHECK(kiln::detail::concat(true, false) == "10");
+  CHECK(kiln::detail::concat(static_cast<signed char>('x'), static_cast<unsigned char>('y')) == "xy");
+  for (double v : {0.0, -0.0, 1.0, 0.1, 1e-7, 123456.0, 1234567.0, 3.14159265, -2.5e300, 1e-310})
+    CHECK(kiln::detail::concat(v) == streamed(v));
+  for (float v : {0.1f, 1e20f, -3.5f}) CHECK(kiln::detail::concat(v) == streamed(v));
+  CHECK(kiln::detail::concat(std::numeric_limits<double>::infinity()) == streamed(std::numeric_limits<double>::infinity()));
+  CHECK(kiln::detail::concat(std::numeric_limits<float>::quiet_NaN()) == streamed(std::numeric_limits<float>::quiet_NaN()));
+  CHECK(kiln::detail::concat(1.5L) == "1.5");
+  CHECK(kiln::detail::concat("shape ", shape, " and ", first) == streamed("shape ", shape, " and ", first));
+  // A manipulator changes how the parts after it read, as on a stream.
+  CHECK(kiln::detail::concat("0x", std::hex, 255, " ", -1, std::dec, " ", 255) ==
+        streamed("0x", std::hex, 255, " ", -1, std::dec, " ", 255));
+  CHECK(kiln::detail::concat(std::fixed, 0.5, " ", std::scientific, 1500.0) ==
+        streamed(std::fixed, 0.5, " ", std::scientific, 1500.0));
+  CHECK(kiln::detail::concat(std::hex, short(-2), " ", std::uint16_t(65535), " ", -3ll) ==
+        streamed(std::hex, short(-2), " ", std::uint16_t(65535), " ", -3ll));
+  CHECK(kiln::detail::concat() == "");
+  CHECK(kiln::detail::concat(static_cast<const char*>(nullptr)) == "(null)");
 }

@@ -47,15 +47,16 @@ void offer_fold(VarNode& node, std::shared_ptr<GemmGradFold<Exec, T>> fold) {
 
 // The gradient of `node` gets op(A)·op(B) ([m, n], row stride n): through the producer's offer
 // when there is one that takes it, else written (first contribution) or added to the gradient.
-template <class Exec, class T, class Data>
-void gemm_into_grad(Exec& exec, Data& node, bool ta, bool tb, index_t m, index_t n, index_t k, const T* a,
+// requires: node's elements are T.
+template <class Exec, class T>
+void gemm_into_grad(Exec& exec, VarNode& node, bool ta, bool tb, index_t m, index_t n, index_t k, const T* a,
                     index_t lda, const T* b, index_t ldb) {
   if (node.fold_key == &detail::gemm_grad_fold_key<Exec, T>) {
     auto* fold = static_cast<GemmGradFold<Exec, T>*>(node.fold.get());
     if (fold->gemm(exec, ta, tb, m, n, k, a, lda, b, ldb)) return;
   }
   const float beta = node.grad_valid ? 1.f : 0.f;
-  T* g = node.ensure_grad();
+  T* g = static_cast<T*>(node.ensure_grad_data());
   exec.gemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, g, n);
   node.grad_valid = true;
 }

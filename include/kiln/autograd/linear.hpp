@@ -20,6 +20,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "kiln/config.hpp"  // KILN_FORCE_EAGER_FORMS
 #include "kiln/autograd/fold.hpp"
 #include "kiln/autograd/map.hpp"
 #include "kiln/autograd/tape.hpp"
@@ -32,12 +33,13 @@ namespace kiln::ag {
 namespace detail {
 
 // What a linear op keeps for its backward: the aux buffer, and the offer (with its dZ buffer).
-template <class Exec, class T, class Act, class BiasData>
+// Nothing in it depends on the layer's sizes: one type (and one backward) for every width.
+template <class Exec, class T, class Act, bool HasBias>
 struct LinearState final : GemmGradFold<Exec, T> {
   using Buffer = typename TempPool<typename Exec::space>::Buffer;
   Buffer aux;
   Buffer dz;                                // dZ, once a consumer's GEMM took the offer
-  std::shared_ptr<BiasData> bias;           // null without a bias
+  std::shared_ptr<VarNode> bias;            // null without a bias; its elements are compute_t<T>
   const T* out = nullptr;                   // y's values (the CUDA ReLU path reads their sign)
   index_t rows = 0, cols = 0;
   bool taken = false;
@@ -47,12 +49,12 @@ struct LinearState final : GemmGradFold<Exec, T> {
 
   // db (=|+=) its contribution: the pointer to write, or null when the bias needs no gradient.
   compute_t<T>* bias_grad(bool& add) const {
-    if constexpr (std::is_same_v<BiasData, VarNode>) {  // the op has no bias
+    if constexpr (!HasBias) {
       return nullptr;
     } else {
       if (!bias || !bias->requires_grad) return nullptr;
       add = bias->grad_valid;
-      return bias->ensure_grad();
+      return static_cast<compute_t<T>*>(bias->ensure_grad_data());
     }
   }
 
@@ -79,15 +81,71 @@ struct CloseOfferOnDrop {
   }
 };
 
-// The node type of the bias variable (VarNode, never dereferenced, for an op without a bias).
-template <class BiasVar>
-struct bias_data {
-  using type = typename BiasVar::data_type;
+// The backward of a linear op, compiled once for every width (its variables reached through
+// VarNode): dZ = dY·act'(Z) (or the consumer's folded GEMM's), dW (=|+=) dZᵀ·X with the bias
+// gradient in its epilogue, dX through gemm_into_grad. W = compute_t<T>: the weight's and the
+// bias's elements; w_values the weight's values in T (their low-precision copy for a half T).
+template <class Exec, class T, class Act, bool HasBias>
+struct LinearBackward {
+  using State = LinearState<Exec, T, Act, HasBias>;
+  using W = compute_t<T>;
+  std::shared_ptr<VarNode> x, w;
+  const T* w_values;
+  std::shared_ptr<State> state;
+  std::shared_ptr<CloseOfferOnDrop<State>> guard;  // only an offer needs closing
+  index_t m, n, k;
+
+  [[gnu::noinline]] void operator()(Exec& exec, const VarNode& y, const T* y_grad) const {
+    State& st = *state;
+    const bool folded = st.taken;
+    if (!folded && !y.grad_valid) return;  // nothing flowed back into y
+    bool add_db = false;
+    W* db = st.bias_grad(add_db);
+    bool bias_done = false;
+    typename State::Buffer scratch;
+    const T* dz = nullptr;
+    if constexpr (is_identity_act_v<Act>) {
+      dz = y_grad;
+    } else if (folded) {  // the consumer's GEMM wrote dZ and db; add what others sent to dY
+      dz = st.dz_data();
+      if (y.grad_valid) exec.template dact<Act>(m, n, y_grad, st.aux.get(), st.out, st.dz_data(), true, db, true);
+      bias_done = true;
+    } else {
+      scratch = exec.temps().take(std::size_t(m * n) * sizeof(T));
+      T* d = static_cast<T*>(scratch.get());
+      exec.template dact<Act>(m, n, y_grad, st.aux.get(), st.out, d, false, db, add_db);
+      dz = d;
+      bias_done = true;
+    }
+    const T* x_values = static_cast<const T*>(x->value_data());
+    if (w->requires_grad) {
+      const float beta = w->grad_valid ? 1.f : 0.f;
+      W* dw = static_cast<W*>(w->ensure_grad_data());
+      if (db && !bias_done) {
+        exec.gemm(true, false, n, k, m, 1.f, dz, n, x_values, k, beta, dw, k, BGradA<T>{db, add_db});
+        bias_done = true;
+      } else {
+        exec.gemm(true, false, n, k, m, 1.f, dz, n, x_values, k, beta, dw, k);
+      }
+      w->grad_valid = true;
+    }
+    if (db && !bias_done)  // no weight gradient to ride on: the column sums alone
+      exec.template dact<fn::Identity>(m, n, dz, static_cast<const void*>(nullptr), static_cast<const T*>(nullptr),
+                                        static_cast<T*>(nullptr), false, db, add_db);
+    if (db) st.bias->grad_valid = true;
+    if (x->requires_grad) gemm_into_grad(exec, *x, false, false, m, k, n, dz, n, w_values, k);
+    st.taken = false;
+    st.dz = typename State::Buffer();
+  }
 };
-template <>
-struct bias_data<std::nullptr_t> {
-  using type = VarNode;
-};
+
+// stance::force_eager's form of linear_impl: the GEMM alone, then the bias and the activation as
+// nodes of their own; false (y untouched) where that split does not give y's type. Defined in
+// kiln/autograd/linear_eager.hpp (KILN_WEAK, KILN_FORCE_EAGER_FORMS).
+template <class Act, class Exec, class T, class W, class S, index_t B, index_t I, index_t O, index_t I2,
+          class BiasVar>
+KILN_WEAK bool linear_eager(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, I2>& w, const BiasVar* bias,
+                            const T* w_low, Var<T, S, B, O>& y);
 
 // x in T; the weight w (and the bias) in W = compute_t<T>. For a half-precision T the GEMMs read
 // w_low, w's values in T (a copy the caller keeps current), and w's gradient still lands in w:
@@ -124,28 +182,17 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, 
     bias_values = bias->value().data();
     bias_grad = bias->requires_grad();
   }
-  using State = LinearState<Exec, T, Act, typename bias_data<BiasVar>::type>;
+  using State = LinearState<Exec, T, Act, has_bias>;
   using Y = Var<T, S, B, O>;
 
   // force_eager: the GEMM alone, then the bias and the activation as nodes of their own (one
-  // kernel each way per node), as an unfused framework runs them.
+  // kernel each way per node), as an unfused framework runs them (kiln/force_eager.hpp).
   if constexpr (has_bias || !identity) {
     if (tape.force_eager()) {
-      Y z = linear_impl<fn::Identity>(tape, x, w, static_cast<const std::nullptr_t*>(nullptr), w_low);
-      // A half-precision result is rounded where it is stored: part of its node, not one more.
-      auto stored = [](auto&& e) {
-        if constexpr (std::is_same_v<T, W>) return e;
-        else return cast<T>(e);
-      };
-      auto with_bias = [&] {
-        if constexpr (has_bias) return ag::map(tape, stored(z + *bias));
-        else return z;
-      }();
-      auto y = [&] {
-        if constexpr (identity) return with_bias;
-        else return ag::map(tape, stored(make_unary(Act{}, with_bias)));
-      }();
-      if constexpr (std::is_same_v<decltype(y), Y>) return y;
+      Y eager;
+      if (run_eager_form(&linear_eager<Act, Exec, T, W, S, B, I, O, I2, BiasVar>, "ag::linear", tape, x, w, bias,
+                         w_low, eager))
+        return eager;
     }
   }
 
@@ -163,57 +210,17 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, 
             BiasAct<Act, T>{bias_values, state->aux.get()});
   if (!needs_grad) return y;
   y.set_requires_grad(true);
-  std::shared_ptr<CloseOfferOnDrop<State>> guard;  // only an offer needs closing
+  LinearBackward<Exec, T, Act, has_bias> backward{x.data(), w.data(), w_values, state, nullptr, m, n, k};
   if constexpr (!identity) {
     offer_fold<Exec, T>(*y.data(), state);
-    guard = std::make_shared<CloseOfferOnDrop<State>>();  // in place: a temporary's destructor would close it
-    guard->state = state;
+    // In place: a temporary's destructor would close the offer.
+    backward.guard = std::make_shared<CloseOfferOnDrop<State>>();
+    backward.guard->state = state;
   }
   std::vector<std::shared_ptr<VarNode>> inputs{x.data(), w.data()};
   if constexpr (has_bias) inputs.push_back(bias->data());
   tape.record(y, std::move(inputs),
-              [xd = x.data(), wd = w.data(), w_values, state, guard, m, n, k](Exec& exec, auto& yd) {
-    State& st = *state;
-    const bool folded = st.taken;
-    if (!folded && !yd.grad_valid) return;  // nothing flowed back into y
-    bool add_db = false;
-    compute_t<T>* db = st.bias_grad(add_db);
-    bool bias_done = false;
-    typename State::Buffer scratch;
-    const T* dz = nullptr;
-    if constexpr (identity) {
-      dz = yd.grad.data();
-    } else if (folded) {  // the consumer's GEMM wrote dZ and db; add what others sent to dY
-      dz = st.dz_data();
-      if (yd.grad_valid)
-        exec.template dact<Act>(m, n, yd.grad.data(), st.aux.get(), st.out, st.dz_data(), true, db, true);
-      bias_done = true;
-    } else {
-      scratch = exec.temps().take(std::size_t(m * n) * sizeof(T));
-      T* d = static_cast<T*>(scratch.get());
-      exec.template dact<Act>(m, n, yd.grad.data(), st.aux.get(), st.out, d, false, db, add_db);
-      dz = d;
-      bias_done = true;
-    }
-    if (wd->requires_grad) {
-      const float beta = wd->grad_valid ? 1.f : 0.f;
-      auto* dw = wd->ensure_grad();
-      if (db && !bias_done) {
-        exec.gemm(true, false, n, k, m, 1.f, dz, n, xd->value.data(), k, beta, dw, k, BGradA<T>{db, add_db});
-        bias_done = true;
-      } else {
-        exec.gemm(true, false, n, k, m, 1.f, dz, n, xd->value.data(), k, beta, dw, k);
-      }
-      wd->grad_valid = true;
-    }
-    if (db && !bias_done)  // no weight gradient to ride on: the column sums alone
-      exec.template dact<fn::Identity>(m, n, dz, static_cast<const void*>(nullptr), static_cast<const T*>(nullptr),
-                                        static_cast<T*>(nullptr), false, db, add_db);
-    if (db) st.bias->grad_valid = true;
-    if (xd->requires_grad) gemm_into_grad(exec, *xd, false, false, m, k, n, dz, n, w_values, k);
-    st.taken = false;
-    st.dz = typename State::Buffer();
-  });
+              [backward = std::move(backward)](Exec& exec, auto& yd) { backward(exec, yd, yd.grad.data()); });
   return y;
 }
 
@@ -238,3 +245,7 @@ auto linear(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, I2>& 
 }
 
 }  // namespace kiln::ag
+
+#if KILN_FORCE_EAGER_FORMS
+#include "kiln/autograd/linear_eager.hpp"
+#endif

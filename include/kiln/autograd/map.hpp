@@ -11,6 +11,7 @@
 #include <vector>
 #include <type_traits>
 
+#include "kiln/config.hpp"  // KILN_FORCE_EAGER_FORMS
 #include "kiln/autograd/diff.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/autograd/tape.hpp"
@@ -44,39 +45,13 @@ void for_each_var(const E& e, F&& f) {
 
 template <class Exec, class E>
 auto map_expr(Tape<Exec>& tape, const E& e);
-template <class Exec, class E>
-auto one_node(Tape<Exec>& tape, const E& e);
 
-// Under a force_eager tape, the node with each non-leaf child first made a variable of its own
-// (one kernel forward, one backward each): the expression becomes one node over leaves.
+// stance::force_eager's form of ag::map: the expression split into one node per kernel, each
+// non-leaf child a variable of its own (defined in
+// kiln/autograd/map_eager.hpp; KILN_WEAK, KILN_FORCE_EAGER_FORMS).
 template <class Exec, class E>
-auto eager_child(Tape<Exec>& tape, const E& e) {
-  if constexpr (is_leaf_v<E>) return e;
-  else return to_leaf(map_expr(tape, one_node(tape, e)));
-}
-template <class Exec, class E>
-auto one_node(Tape<Exec>& tape, const E& e) {
-  if constexpr (is_leaf_v<E>) {
-    return e;
-  } else if constexpr (requires { e.c; }) {
-    auto a = eager_child(tape, e.a);
-    auto b = eager_child(tape, e.b);
-    auto c = eager_child(tape, e.c);
-    return Ternary<decltype(e.f), decltype(a), decltype(b), decltype(c)>(e.f, a, b, c);
-  } else if constexpr (requires { e.b; }) {
-    auto a = eager_child(tape, e.a);
-    auto b = eager_child(tape, e.b);
-    return Binary<decltype(e.f), decltype(a), decltype(b)>(e.f, a, b);
-  } else if constexpr (requires { e.f; }) {
-    auto a = eager_child(tape, e.a);
-    return Unary<decltype(e.f), decltype(a)>(e.f, a);
-  } else if constexpr (is_leaf_v<decltype(e.a)>) {  // Cast<To, leaf>: one node
-    return e;
-  } else {  // Cast<To, node>: the rounding is the store of that node's kernel, not a node of its own
-    auto a = one_node(tape, e.a);
-    return Cast<typename E::value_type, decltype(a)>(a);
-  }
-}
+KILN_WEAK var_t<typename E::value_type, typename Exec::space, typename E::extents_type> map_eager(Tape<Exec>& tape,
+                                                                                                  const E& e);
 }  // namespace detail
 
 // ONE kernel forward and ONE derived kernel backward for the whole expression (force_eager
@@ -87,7 +62,7 @@ auto map(Tape<Exec>& tape, X&& x) {
   static_assert(!detail::has_boundary<decltype(e)>(),
                 "kiln: ag::map takes an elementwise expression; compute products and reductions with "
                 "ag::matmul / ag::sum first");
-  if (tape.force_eager()) return detail::map_expr(tape, detail::one_node(tape, e));
+  if (tape.force_eager()) return detail::run_eager_form(&detail::map_eager<Exec, decltype(e)>, "ag::map", tape, e);
   return detail::map_expr(tape, e);
 }
 
@@ -122,3 +97,7 @@ auto map_expr(Tape<Exec>& tape, const E& e) {
 }  // namespace detail
 
 }  // namespace kiln::ag
+
+#if KILN_FORCE_EAGER_FORMS
+#include "kiln/autograd/map_eager.hpp"
+#endif

@@ -94,13 +94,33 @@ struct BackwardOptions {
   std::function<void(VarNode&)> on_leaf_ready = {};
 };
 
+namespace detail {
+[[noreturn, gnu::cold, gnu::noinline]] inline void eager_form_missing(const char* op) {
+  throw ValueError(std::string("stance::force_eager reached ") + op +
+                   ", whose force_eager form no file of this program compiled (KILN_FORCE_EAGER_FORMS 0): "
+                   "#include <kiln/force_eager.hpp> in the file that makes the force_eager tape or step");
+}
+
+// Runs stance::force_eager's form of an op: a weak function template (KILN_WEAK), null where no
+// file of the program compiled it (KILN_FORCE_EAGER_FORMS, kiln/force_eager.hpp).
+// The address is read through a volatile: GCC folds `&f == nullptr` to false for a function
+// template's specialization even when it is declared weak.
+template <class F, class... Args>
+decltype(auto) run_eager_form(F* form, const char* op, Args&&... args) {
+  F* const volatile linked = form;
+  if (linked == nullptr) eager_form_missing(op);
+  return linked(std::forward<Args>(args)...);
+}
+}  // namespace detail
+
 struct TapeOptions {
   // Warn (once per tape) when more backward steps than this are alive, or more than 8 times
   // the largest graph a backward() has run — whichever is larger.
   std::size_t warn_alive_steps = 1024;
   // stance::force_eager for everything recorded on this tape: every expression node is its own
   // kernel forward and backward, and a Linear's bias and activation leave its GEMM's epilogue —
-  // the baseline fusion is measured against, and a way to debug a fused result.
+  // the baseline fusion is measured against, and a way to debug a fused result. The ops' forms
+  // for it come with their headers unless a file turns them off (KILN_FORCE_EAGER_FORMS).
   bool force_eager = false;
 };
 
@@ -130,20 +150,8 @@ class Tape {
   template <class T, class S, index_t... D, class Rule>
   void record(const Var<T, S, D...>& out, std::vector<std::shared_ptr<VarNode>> inputs, Rule rule) {
     using Data = typename Var<T, S, D...>::data_type;
-    auto step = std::make_shared<Step>();
     Data* od = out.data().get();  // raw: the step is owned by *od, so *od outlives it
-    step->run = [od, rule = std::move(rule)](Exec& exec) { rule(exec, *od); };
-    step->inputs = std::move(inputs);
-    for (const auto& in : step->inputs) ++in->consumers;
-    step->seq = detail::step_counter()++;
-    step->exec_key = &detail::exec_key<Exec>;
-    step->live = alive_;
-    step->region = exec_->stats().region();
-    if (detect_anomaly()) step->label = detail::anomaly_label();
-    ++*alive_;
-    out.data()->grad_fn = std::move(step);
-    out.data()->graph_freed = false;
-    if (!warned_ && *alive_ > alive_limit()) warn_growth();
+    attach(*od, std::move(inputs), [od, rule = std::move(rule)](Exec& exec) { rule(exec, *od); });
   }
 
   // d(loss)/d(every variable loss depends on that requires a gradient); see the header comment.
@@ -192,6 +200,24 @@ class Tape {
   }
 
  private:
+  // What record() does whatever the op: one function per executor, not one per op.
+  [[gnu::noinline]] void attach(VarNode& out, std::vector<std::shared_ptr<VarNode>>&& inputs,
+                                std::function<void(Exec&)> run) {
+    auto step = std::make_shared<Step>();
+    step->run = std::move(run);
+    step->inputs = std::move(inputs);
+    for (const auto& in : step->inputs) ++in->consumers;
+    step->seq = detail::step_counter()++;
+    step->exec_key = &detail::exec_key<Exec>;
+    step->live = alive_;
+    step->region = exec_->stats().region();
+    if (detect_anomaly()) step->label = detail::anomaly_label();
+    ++*alive_;
+    out.grad_fn = std::move(step);
+    out.graph_freed = false;
+    if (!warned_ && *alive_ > alive_limit()) warn_growth();
+  }
+
   // Anomaly mode: the gradients the step just wrote into its inputs must be finite (what flowed
   // into it was checked when its consumer ran).
   static void check_backward(const Step& step) {

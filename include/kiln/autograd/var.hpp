@@ -64,6 +64,10 @@ struct VarNode {
   // (-1: none, or no valid gradient), and the variable's shape, for the report.
   virtual index_t first_nonfinite_grad() const { return -1; }
   virtual std::string shape_text() const { return "?"; }
+  // The value's elements and the gradient buffer (given the value's shape) of the variable, whose
+  // element type the caller knows: for backward code compiled once for every shape (ag::linear's).
+  virtual const void* value_data() const { return nullptr; }
+  virtual void* ensure_grad_data() { return nullptr; }
   virtual ~VarNode() = default;
 };
 
@@ -94,6 +98,8 @@ struct VarData : VarNode {
     return first_nonfinite<T, S>(grad.data(), grad.size());
   }
   std::string shape_text() const override { return value.shape().str(); }
+  const void* value_data() const override { return value.data(); }
+  void* ensure_grad_data() override { return ensure_grad(); }
 };
 
 template <class T, class S, index_t... Dims>

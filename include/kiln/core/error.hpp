@@ -4,9 +4,14 @@
 // silent out-of-bounds read.
 #pragma once
 
+#include <charconv>
+#include <cstdio>
+#include <cstddef>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 namespace kiln {
 
@@ -59,11 +64,118 @@ class NumericError : public Error {
 };
 
 namespace detail {
+
+// One piece of an error message. Strings, characters, integers and floating-point numbers are
+// formatted by one function (join_message), as std::ostream would format them; anything else (a
+// Shape, an enum with operator<<, a path) through a stream, once per type; a stream manipulator
+// (std::hex) makes join_message write the whole message through one stream, as `<<` would. So a
+// message costs its check one small array, not an ostringstream per set of argument types:
+// kiln has hundreds of checks, and a stream per check was a measurable part of every program's
+// compile time.
+class MessagePart {
+ public:
+  enum class Kind : unsigned char { text, character, signed_int, unsigned_int, real, manipulator };
+  using Manipulator = std::ios_base& (*)(std::ios_base&);
+
+  MessagePart(const char* s) : text_(s ? std::string_view(s) : std::string_view("(null)")) {}
+  MessagePart(std::string_view s) : text_(s) {}
+  MessagePart(const std::string& s) : text_(s) {}
+  MessagePart(char c) : kind_(Kind::character), character_(c) {}
+  MessagePart(signed char c) : kind_(Kind::character), character_(char(c)) {}
+  MessagePart(unsigned char c) : kind_(Kind::character), character_(char(c)) {}
+  MessagePart(bool b) : kind_(Kind::signed_int), signed_(b) {}
+  template <class I>
+    requires(std::is_integral_v<I> && std::is_signed_v<I>)
+  MessagePart(I v) : kind_(Kind::signed_int), bytes_(sizeof(I)), signed_(v) {}
+  template <class I>
+    requires(std::is_integral_v<I> && std::is_unsigned_v<I>)
+  MessagePart(I v) : kind_(Kind::unsigned_int), bytes_(sizeof(I)), unsigned_(v) {}
+  MessagePart(Manipulator m) : kind_(Kind::manipulator), manipulator_(m) {}
+  MessagePart(float v) : kind_(Kind::real), real_(v) {}
+  MessagePart(double v) : kind_(Kind::real), real_(v) {}
+  MessagePart(long double v) : kind_(Kind::real), real_(double(v)) {}
+  // Anything else: formatted by its operator<< into owned text.
+  template <class X>
+    requires(!std::is_arithmetic_v<X> && !std::is_convertible_v<const X&, std::string_view>)
+  MessagePart(const X& x) : owned_(streamed(x)) {
+    text_ = owned_;
+  }
+  MessagePart(const MessagePart&) = delete;
+  MessagePart& operator=(const MessagePart&) = delete;
+
+  // Appends this part as std::ostream's operator<< would write it (default flags, precision 6).
+  void append_to(std::string& out) const {
+    char buf[32];
+    switch (kind_) {
+      case Kind::text: out += text_; return;
+      case Kind::character: out += character_; return;
+      case Kind::signed_int: out.append(buf, std::to_chars(buf, buf + sizeof buf, signed_).ptr); return;
+      case Kind::unsigned_int: out.append(buf, std::to_chars(buf, buf + sizeof buf, unsigned_).ptr); return;
+      case Kind::real: out.append(buf, std::size_t(std::snprintf(buf, sizeof buf, "%g", real_))); return;
+      case Kind::manipulator: return;
+    }
+  }
+  bool is_manipulator() const { return kind_ == Kind::manipulator; }
+  // Writes this part with `<<` (integers in their own width, for std::hex of a negative value).
+  void stream_to(std::ostream& out) const {
+    switch (kind_) {
+      case Kind::text: out << text_; return;
+      case Kind::character: out << character_; return;
+      case Kind::signed_int:
+        if (bytes_ == 2) out << short(signed_);
+        else if (bytes_ == 4) out << int(signed_);
+        else out << signed_;
+        return;
+      case Kind::unsigned_int:
+        if (bytes_ == 2) out << static_cast<unsigned short>(unsigned_);
+        else if (bytes_ == 4) out << unsigned(unsigned_);
+        else out << unsigned_;
+        return;
+      case Kind::real: out << real_; return;
+      case Kind::manipulator: out << manipulator_; return;
+    }
+  }
+
+ private:
+  template <class X>
+  static std::string streamed(const X& x) {
+    std::ostringstream s;
+    s << x;
+    return s.str();
+  }
+
+  Kind kind_ = Kind::text;
+  unsigned char bytes_ = 8;  // an integer's size
+  Manipulator manipulator_ = nullptr;
+  std::string_view text_;
+  char character_ = 0;
+  long long signed_ = 0;
+  unsigned long long unsigned_ = 0;
+  double real_ = 0;
+  std::string owned_;
+};
+
+inline std::string join_message(const MessagePart* parts, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!parts[i].is_manipulator()) continue;
+    std::ostringstream stream;  // a manipulator changes how the parts after it read
+    for (std::size_t j = 0; j < count; ++j) parts[j].stream_to(stream);
+    return stream.str();
+  }
+  std::string out;
+  for (std::size_t i = 0; i < count; ++i) parts[i].append_to(out);
+  return out;
+}
+
+// The parts written one after another, as `(stream << ... << parts)` would.
 template <class... Parts>
 std::string concat(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
+  if constexpr (sizeof...(Parts) == 0) {
+    return {};
+  } else {
+    const MessagePart list[] = {MessagePart(parts)...};
+    return join_message(list, sizeof...(Parts));
+  }
 }
 
 // A failed KILN_CHECK: the message is built and thrown out of line, so a check costs its caller

@@ -34,65 +34,22 @@ inline constexpr std::array<const char*, 10> cifar10_class_names = {
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"};
 
 // The official file names in load order: the five training batches, or the test batch.
-inline std::vector<std::string> cifar10_file_names(bool train) {
-  if (!train) return {"test_batch.bin"};
-  std::vector<std::string> names;
-  for (int i = 1; i <= 5; ++i) names.push_back("data_batch_" + std::to_string(i) + ".bin");
-  return names;
-}
+KILN_COMPILED std::vector<std::string> cifar10_file_names(bool train);
 
 namespace detail {
 
 // An empty CIFAR-10 Dataset: d = 3,072, sample_shape {3, 32, 32}, 10 classes.
-inline Dataset cifar10_empty() {
-  Dataset ds;
-  ds.d = cifar10_image_bytes;
-  ds.num_classes = cifar10_num_classes;
-  ds.sample_shape = {cifar10_channels, cifar10_side, cifar10_side};
-  return ds;
-}
+KILN_COMPILED Dataset cifar10_empty();
 
 // Checks the size and every label of CIFAR-10 bytes before `out` is touched, then appends their
 // records to `out` (so a bad file leaves `out` as it was). `name` labels errors.
-inline void append_cifar10(std::span<const std::uint8_t> bytes, const std::string& name,
-                           Dataset& out) {
-  const auto size = static_cast<std::uint64_t>(bytes.size());
-  const auto record = static_cast<std::uint64_t>(cifar10_record_bytes);
-  if (size == 0)
-    throw_data_error(name, 0, "empty file: a CIFAR-10 file holds records of ", record,
-                     " bytes (1 label + 3,072 pixels)");
-  if (const std::uint64_t trailing = size % record; trailing != 0)
-    throw_data_error(name, size - trailing, "file size ", size, " is not a whole number of ",
-                     record, "-byte CIFAR-10 records: ", size / record, " records and ", trailing,
-                     " trailing bytes");
-  const auto n = static_cast<index_t>(size / record);
-  for (index_t i = 0; i < n; ++i) {
-    const std::uint8_t y = bytes[static_cast<std::size_t>(i * cifar10_record_bytes)];
-    if (y >= cifar10_num_classes)
-      throw_data_error(name, static_cast<std::uint64_t>(i * cifar10_record_bytes), "label ",
-                       unsigned{y}, " of record ", i, " is not below ", cifar10_num_classes,
-                       " (is this a CIFAR-10 binary file? CIFAR-100 records are 3,074 bytes)");
-  }
-  const std::size_t first = out.features.size();
-  out.features.resize(first + static_cast<std::size_t>(n * cifar10_image_bytes));
-  out.labels.reserve(out.labels.size() + static_cast<std::size_t>(n));
-  float* dst = out.features.data() + first;
-  for (index_t i = 0; i < n; ++i) {
-    const std::uint8_t* src = bytes.data() + i * cifar10_record_bytes;
-    out.labels.push_back(src[0]);
-    for (index_t k = 0; k < cifar10_image_bytes; ++k) *dst++ = src[1 + k];
-  }
-  out.n += n;
-}
+KILN_COMPILED void append_cifar10(std::span<const std::uint8_t> bytes, const std::string& name,
+                           Dataset& out);
 
 }  // namespace detail
 
 // CIFAR-10 bytes as a Dataset; `name` is the file name used in errors.
-inline Dataset parse_cifar10(std::span<const std::uint8_t> bytes, const std::string& name) {
-  Dataset ds = detail::cifar10_empty();
-  detail::append_cifar10(bytes, name, ds);
-  return ds;
-}
+KILN_COMPILED Dataset parse_cifar10(std::span<const std::uint8_t> bytes, const std::string& name);
 
 // One CIFAR-10 binary file (raw or gzip-compressed) as a Dataset of n = records images, like
 // load_idx_classification's: features are the raw byte values 0..255 as float (scale them with
@@ -101,30 +58,15 @@ inline Dataset parse_cifar10(std::span<const std::uint8_t> bytes, const std::str
 // (0 red, 1 green, 2 blue) at row r, column x; labels 0..9, num_classes = 10. Throws DataError
 // naming the file when it is missing or unreadable, empty, not whole 3,073-byte records (with the
 // size and the trailing byte count), or holds a label above 9 (with the record and its offset).
-inline Dataset read_cifar10(const std::filesystem::path& path) {
-  return parse_cifar10(read_file(path), path.string());
-}
+KILN_COMPILED Dataset read_cifar10(const std::filesystem::path& path);
 
 // The CIFAR-10 training set (data_batch_1.bin … data_batch_5.bin concatenated in that order) or
 // the test set (test_batch.bin) from `dir`, as read_cifar10 reads each file. Files of any whole
 // number of records are accepted (the official ones hold 10,000 each).
-inline Dataset load_cifar10(const std::filesystem::path& dir, bool train) {
-  Dataset ds = detail::cifar10_empty();
-  std::vector<std::filesystem::path> paths;
-  std::vector<std::vector<std::uint8_t>> files;  // all read first, so features grow only once
-  std::size_t total = 0;
-  for (const std::string& name : cifar10_file_names(train)) {
-    paths.push_back(dir / name);
-    files.push_back(read_file(paths.back()));
-    total += files.back().size() / static_cast<std::size_t>(cifar10_record_bytes);
-  }
-  ds.features.reserve(total * static_cast<std::size_t>(cifar10_image_bytes));
-  ds.labels.reserve(total);
-  for (std::size_t f = 0; f < files.size(); ++f) {
-    detail::append_cifar10(files[f], paths[f].string(), ds);
-    files[f] = {};  // release each file's bytes once decoded
-  }
-  return ds;
-}
+KILN_COMPILED Dataset load_cifar10(const std::filesystem::path& dir, bool train);
 
 }  // namespace kiln::data
+
+#if KILN_HEADER_BODIES
+#include "kiln/data/cifar_bodies.hpp"
+#endif

@@ -362,7 +362,12 @@ class Conv2d {
     static_assert(requires { typename Act::functor; },
                   "kiln::nn::Conv2d::forward_fused<Act>: the activation must name its kiln::fn functor "
                   "(kiln::nn::Activation<F>)");
-    if (tape.force_eager()) return Act{}.forward(tape, run<fn::Identity>(tape, x));  // two kernels, as asked
+    if (tape.force_eager()) {  // two kernels, as asked (kiln/force_eager.hpp)
+      using X = std::decay_t<decltype(x)>;
+      using Y = decltype(run<typename Act::functor>(tape, x));
+      return kiln::ag::detail::run_eager_form(&detail::forward_fused_eager<Act, Conv2d, Exec, X, Y>,
+                                              "Conv2d::forward_fused", *this, tape, x);
+    }
     return run<typename Act::functor>(tape, x);
   }
 

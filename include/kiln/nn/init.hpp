@@ -13,18 +13,29 @@
 
 namespace kiln::nn::init {
 
+namespace detail {
+// The loops, once per element type: a model's constructor calls them for every parameter, and
+// inlined there they were the bulk of its code.
+template <class T>
+[[gnu::noinline]] void fill_uniform(T* p, index_t n, Generator& gen, float lo, float hi) {
+  for (index_t i = 0; i < n; ++i) p[i] = T(gen.uniform(lo, hi));
+}
+template <class T>
+[[gnu::noinline]] void fill_normal(T* p, index_t n, Generator& gen, float mean, float stddev) {
+  for (index_t i = 0; i < n; ++i) p[i] = T(gen.normal(mean, stddev));
+}
+}  // namespace detail
+
 // Fills v with U(lo, hi) in row-major order (draws v.size() values from gen).
 template <class T, index_t... D>
 void uniform(const ag::Var<T, host, D...>& v, Generator& gen, double lo, double hi) {
-  T* p = v.value().data();
-  for (index_t i = 0, n = v.value().size(); i < n; ++i) p[i] = T(gen.uniform(float(lo), float(hi)));
+  detail::fill_uniform(v.value().data(), v.value().size(), gen, float(lo), float(hi));
 }
 
 // Fills v with N(mean, stddev^2).
 template <class T, index_t... D>
 void normal(const ag::Var<T, host, D...>& v, Generator& gen, double mean = 0.0, double stddev = 1.0) {
-  T* p = v.value().data();
-  for (index_t i = 0, n = v.value().size(); i < n; ++i) p[i] = T(gen.normal(float(mean), float(stddev)));
+  detail::fill_normal(v.value().data(), v.value().size(), gen, float(mean), float(stddev));
 }
 
 template <class T, index_t... D>

@@ -168,6 +168,16 @@ struct LayerNormAffineBackward {
 };
 
 // layer_norm with weight and bias nodes wd, bd (both null: no affine part, nothing learned).
+// The host instances kiln::kernels compiles once (KILN_CPU_LINES in nn/module.hpp).
+#define KILN_LAYER_NORM_KERNELS(EXTERN, T)                   \
+  KILN_CPU_LINES(EXTERN, false, LayerNormRows<T>)            \
+  KILN_CPU_LINES(EXTERN, false, LayerNormBackwardRows<T>)    \
+  KILN_CPU_LINES(EXTERN, true, LayerNormAffineBackward<T>)
+#if KILN_EXTERN_KERNELS
+KILN_LAYER_NORM_KERNELS(extern, float)
+KILN_LAYER_NORM_KERNELS(extern, double)
+#endif
+
 template <class Exec, class T, class S, index_t... D, class WD, class BD>
 ag::Var<T, S, D...> layer_norm_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_ptr<WD> wd,
                                     std::shared_ptr<BD> bd, double eps) {

@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/config.hpp"  // KILN_FORCE_EAGER_FORMS
 #include "kiln/core/tensor.hpp"
 #include "kiln/expr/math.hpp"
 #include "kiln/nn/module.hpp"
@@ -196,10 +197,20 @@ struct NllBackward {
 // CPU is the reference), and a warp or a block per row on an executor with cooperative kernels.
 template <class Exec, class F>
 void loss_rows(Exec& exec, index_t rows, index_t cols, const F& f, const char* name, std::size_t bytes) {
-  if constexpr (std::is_same_v<typename Exec::space, host>) exec.for_each_element(rows, 1, f, kind::loss, name, bytes);
+  if constexpr (std::is_same_v<typename Exec::space, host>) launch_elements(exec, rows, 1, f, kind::loss, name, bytes);
   else launch_lines<false>(exec, rows, cols, f, name, bytes, kind::loss);
 }
 
+// The host instances kiln::kernels compiles once (KILN_CPU_LINES in nn/module.hpp).
+#define KILN_LOSS_KERNELS(EXTERN, T)                                                     \
+  KILN_CPU_ELEMENTS(EXTERN, CrossEntropyRows<T>)                                        \
+  KILN_CPU_ELEMENTS(EXTERN, CrossEntropyBackward<T>)                                     \
+  KILN_CPU_ELEMENTS(EXTERN, NllRows<T>)                                                  \
+  KILN_CPU_ELEMENTS(EXTERN, NllBackward<T>)
+#if KILN_EXTERN_KERNELS
+KILN_LOSS_KERNELS(extern, float)
+KILN_LOSS_KERNELS(extern, double)
+#endif
 template <class I>
 struct CopyLabels {
   const I* src;
@@ -266,13 +277,22 @@ ag::Var<T, S> nll_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logp, co
     if (!od.grad_valid || !xd->requires_grad) return;
     const bool add = xd->grad_valid;
     T* dx = xd->ensure_grad();
-    exec.for_each_element(rows, cols,
-                          detail::NllBackward<T>{dx, saved->data(), od.grad.data(), cols, scale, on, off, add},
-                          kind::loss, "nll_loss_backward", bytes * 2);
+    detail::launch_elements(exec, rows, cols,
+                            detail::NllBackward<T>{dx, saved->data(), od.grad.data(), cols, scale, on, off, add},
+                            kind::loss, "nll_loss_backward", bytes * 2);
     xd->grad_valid = true;
   });
   return out;
 }
+
+namespace detail {
+// stance::force_eager's form of cross_entropy: nll_loss(log_softmax(logits)), one kernel each way
+// each, as an unfused framework runs it. Defined in kiln/nn/loss_eager.hpp (KILN_WEAK,
+// KILN_FORCE_EAGER_FORMS).
+template <class Exec, class T, class S, index_t B, index_t C>
+KILN_WEAK ag::Var<compute_t<T>, S> cross_entropy_eager(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
+                                                       const std::int32_t* labels, CrossEntropyOptions options);
+}  // namespace detail
 
 // Cross-entropy of logits [B, C] against integer class labels (B of them, each in [0, C)).
 // Forward is ONE row kernel (a work item per row on the host, a warp or a block per row on a
@@ -294,7 +314,9 @@ ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S,
   const index_t rows = logits.dim(0), cols = logits.dim(1);
   const double eps = options.label_smoothing;
   KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "cross_entropy: label_smoothing must be in [0, 1], got ", eps);
-  if (tape.force_eager()) return nll_loss(tape, log_softmax(tape, logits), labels, options);
+  if (tape.force_eager())
+    return kiln::ag::detail::run_eager_form(&detail::cross_entropy_eager<Exec, T, S, B, C>, "nn::cross_entropy", tape,
+                                            logits, labels, options);
   auto saved_labels = detail::saved_labels<Exec, S>(tape.exec(), labels, rows, cols, "cross_entropy", logits.shape());
   const bool mean = options.reduction == loss_reduction::mean;
   // The mean over no rows is 0 / 0 = NaN, as PyTorch's and mse_loss's (the sum is 0).
@@ -319,10 +341,10 @@ ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S,
     if (!od.grad_valid || !xd->requires_grad) return;
     const bool add = xd->grad_valid;
     T* dx = xd->ensure_grad();
-    exec.for_each_element(rows, cols,
-                          detail::CrossEntropyBackward<T>{dx, xd->value.data(), lse->data(), saved_labels->data(),
-                                                          od.grad.data(), cols, scale, on, off, add},
-                          kind::loss, "cross_entropy_backward", bytes * 2);
+    detail::launch_elements(exec, rows, cols,
+                            detail::CrossEntropyBackward<T>{dx, xd->value.data(), lse->data(), saved_labels->data(),
+                                                            od.grad.data(), cols, scale, on, off, add},
+                            kind::loss, "cross_entropy_backward", bytes * 2);
     xd->grad_valid = true;
   });
   return out;
@@ -382,3 +404,7 @@ ag::Var<T, S> mse_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& pred, co
 }
 
 }  // namespace kiln::nn
+
+#if KILN_FORCE_EAGER_FORMS
+#include "kiln/nn/loss_eager.hpp"
+#endif

@@ -17,6 +17,10 @@
 #include "kiln/core/stats.hpp"
 #include "kiln/core/tensor.hpp"
 
+namespace kiln {
+class CpuExecutor;  // the host instances below name it
+}  // namespace kiln
+
 namespace kiln::nn {
 
 // ---- memory spaces ---------------------------------------------------------------------------
@@ -243,6 +247,32 @@ void launch_lines(Exec& exec, index_t n, index_t len, const F& f, const char* na
   }
 }
 
+// stance::force_eager's form of a layer's forward_fused<Act> (a convolution's, a batch norm's):
+// the layer's plain forward, then the activation as a kernel of its own. Defined in
+// kiln/nn/fused_eager.hpp (KILN_WEAK, KILN_FORCE_EAGER_FORMS).
+template <class Act, class Layer, class Exec, class X, class Y>
+KILN_WEAK Y forward_fused_eager(const Layer& layer, ag::Tape<Exec>& tape, const X& x);
+
+// f(r, c) for every element of a rows × cols grid: the executor's for_each_element, as a free
+// function so that kiln::kernels can compile the host instances of kiln's own element kernels once
+// (a member template of the executor could not be declared extern where the kernels are defined).
+template <class Exec, class F>
+void launch_elements(Exec& exec, index_t rows, index_t cols, const F& f, const char* k, const char* name,
+                     std::size_t bytes) {
+  exec.for_each_element(rows, cols, f, k, name, bytes);
+}
+
+// The host instances of kiln's row kernels (launch_lines) and element kernels (launch_elements):
+// compiled once in kiln::kernels (src/kernels/rows.cpp); a program linking it (KILN_EXTERN_KERNELS)
+// declares them extern next to each kernel's definition. The kernel's type is the last argument
+// (it may hold commas).
+#define KILN_CPU_LINES(EXTERN, PER_COLUMN, ...)                                                          \
+  EXTERN template void launch_lines<PER_COLUMN, ::kiln::CpuExecutor, __VA_ARGS__>(                      \
+      ::kiln::CpuExecutor&, index_t, index_t, const __VA_ARGS__&, const char*, std::size_t, const char*);
+#define KILN_CPU_ELEMENTS(EXTERN, ...)                                                 \
+  EXTERN template void launch_elements<::kiln::CpuExecutor, __VA_ARGS__>(             \
+      ::kiln::CpuExecutor&, index_t, index_t, const __VA_ARGS__&, const char*, const char*, std::size_t);
+
 // dst[i] = src[i] rounded to L (one work item per element): a weight's or a batch's copy in bf16 /
 // f16 for mixed precision.
 template <class T, class L>
@@ -262,3 +292,7 @@ KILN_HOST_DEVICE void put_grad(T& slot, V v, bool add) {
 
 }  // namespace detail
 }  // namespace kiln::nn
+
+#if KILN_FORCE_EAGER_FORMS
+#include "kiln/nn/fused_eager.hpp"
+#endif

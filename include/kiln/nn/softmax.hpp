@@ -123,6 +123,17 @@ struct SoftmaxBackwardRows {
   }
 };
 
+// The host instances kiln::kernels compiles once (KILN_CPU_LINES in nn/module.hpp).
+#define KILN_SOFTMAX_KERNELS(EXTERN, T)                   \
+  KILN_CPU_LINES(EXTERN, false, SoftmaxRows<true, T>)     \
+  KILN_CPU_LINES(EXTERN, false, SoftmaxRows<false, T>)    \
+  KILN_CPU_LINES(EXTERN, false, SoftmaxBackwardRows<true, T>) \
+  KILN_CPU_LINES(EXTERN, false, SoftmaxBackwardRows<false, T>)
+#if KILN_EXTERN_KERNELS
+KILN_SOFTMAX_KERNELS(extern, float)
+KILN_SOFTMAX_KERNELS(extern, double)
+#endif
+
 template <bool Log, class Exec, class T, class S, index_t... D>
 ag::Var<compute_t<T>, S, D...> softmax_op(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {
   using V = ag::Var<compute_t<T>, S, D...>;

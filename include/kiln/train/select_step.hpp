@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "kiln/core/error.hpp"
+#include "kiln/force_eager.hpp"  // the stances it selects include force_eager
 #include "kiln/policy/policy.hpp"
 #include "kiln/train/step.hpp"
 
