@@ -44,7 +44,7 @@ KILN_COMPILED Dataset cifar10_empty();
 // Checks the size and every label of CIFAR-10 bytes before `out` is touched, then appends their
 // records to `out` (so a bad file leaves `out` as it was). `name` labels errors.
 KILN_COMPILED void append_cifar10(std::span<const std::uint8_t> bytes, const std::string& name,
-                           Dataset& out);
+                                  Dataset& out);
 
 }  // namespace detail
 

@@ -22,7 +22,7 @@ KILN_COMPILED Dataset detail::cifar10_empty() {
 }
 
 KILN_COMPILED void detail::append_cifar10(std::span<const std::uint8_t> bytes, const std::string& name,
-                           Dataset& out) {
+                                          Dataset& out) {
   const auto size = static_cast<std::uint64_t>(bytes.size());
   const auto record = static_cast<std::uint64_t>(cifar10_record_bytes);
   if (size == 0)

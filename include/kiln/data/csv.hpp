@@ -71,11 +71,11 @@ inline std::string_view trim(std::string_view s, std::size_t& offset) {
 
 // Parses CSV text; `name` is the file name used in errors.
 KILN_COMPILED Dataset parse_csv_classification(std::string_view text, const std::string& name,
-                                        const CsvOptions& options = {});
+                                               const CsvOptions& options = {});
 
 // Reads a CSV file, raw or gzip-compressed.
 KILN_COMPILED Dataset load_csv_classification(const std::filesystem::path& path,
-                                       const CsvOptions& options = {});
+                                              const CsvOptions& options = {});
 
 }  // namespace kiln::data
 

@@ -7,7 +7,7 @@
 namespace kiln::data {
 
 KILN_COMPILED Dataset parse_csv_classification(std::string_view text, const std::string& name,
-                                        const CsvOptions& options) {
+                                               const CsvOptions& options) {
   KILN_CHECK(options.num_classes >= 0, ValueError,
              "CsvOptions: num_classes = ", options.num_classes, " must not be negative");
   Dataset ds;
@@ -101,7 +101,7 @@ KILN_COMPILED Dataset parse_csv_classification(std::string_view text, const std:
 }
 
 KILN_COMPILED Dataset load_csv_classification(const std::filesystem::path& path,
-                                       const CsvOptions& options) {
+                                              const CsvOptions& options) {
   const std::vector<std::uint8_t> bytes = read_file(path);
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   return parse_csv_classification(text, path.string(), options);

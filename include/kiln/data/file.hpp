@@ -49,7 +49,7 @@ KILN_COMPILED std::vector<std::uint8_t> read_raw_file(const std::filesystem::pat
 // Inflates gzip data (one or more concatenated members, as `cat a.gz b.gz` makes). `name` only
 // labels errors; their offsets count compressed bytes.
 KILN_COMPILED std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> packed,
-                                        const std::string& name);
+                                               const std::string& name);
 
 // The file's content, decompressed when it starts with the gzip magic (whatever its name). A
 // build without zlib reads "x" for "x.gz" when "x" exists (decompressed beside it, e.g. by

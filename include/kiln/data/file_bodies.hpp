@@ -27,7 +27,7 @@ KILN_COMPILED std::vector<std::uint8_t> read_raw_file(const std::filesystem::pat
 }
 
 KILN_COMPILED std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> packed,
-                                        const std::string& name) {
+                                               const std::string& name) {
 #if KILN_DATA_ZLIB
   std::vector<std::uint8_t> out;
   // The last four bytes of an intact single-member file hold its size mod 2^32: a good first

@@ -42,7 +42,7 @@ KILN_COMPILED IdxArray read_idx(const std::filesystem::path& path);
 // Throws DataError when the files disagree on n or a label is >= num_classes, naming the file,
 // the label's byte offset and its value; ValueError when num_classes is not in [1, 256].
 KILN_COMPILED Dataset load_idx_classification(const std::filesystem::path& images_path,
-                                       const std::filesystem::path& labels_path, int num_classes);
+                                              const std::filesystem::path& labels_path, int num_classes);
 
 }  // namespace kiln::data
 

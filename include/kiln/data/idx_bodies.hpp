@@ -55,7 +55,7 @@ KILN_COMPILED IdxArray read_idx(const std::filesystem::path& path) {
 }
 
 KILN_COMPILED Dataset load_idx_classification(const std::filesystem::path& images_path,
-                                       const std::filesystem::path& labels_path, int num_classes) {
+                                              const std::filesystem::path& labels_path, int num_classes) {
   KILN_CHECK(num_classes > 0 && num_classes <= 256, ValueError,
              "load_idx_classification: num_classes = ", num_classes,
              " must be in [1, 256] for byte labels");
