@@ -523,6 +523,13 @@ struct erased_evaluator<Evaluator<E>> {
 };
 template <class Ev>
 using erased_evaluator_t = typename erased_evaluator<Ev>::type;
+
+// Whether an executor's elementwise(dst, ev) should run as the erased form (dst with Ext's sizes
+// dropped, erased_evaluator_t<Ev>): there is one, and it differs from what was given.
+template <class Ev, class Ext>
+inline constexpr bool runs_erased_v =
+    !std::is_void_v<erased_evaluator_t<Ev>> &&
+    !(std::is_same_v<erased_evaluator_t<Ev>, Ev> && std::is_same_v<dyn_extents_t<Ext>, Ext>);
 }  // namespace detail
 
 }  // namespace kiln

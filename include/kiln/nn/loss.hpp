@@ -201,7 +201,7 @@ void loss_rows(Exec& exec, index_t rows, index_t cols, const F& f, const char* n
   else launch_lines<false>(exec, rows, cols, f, name, bytes, kind::loss);
 }
 
-// The host instances kiln::kernels compiles once (KILN_CPU_LINES in nn/module.hpp).
+// The host instances kiln::kernels compiles once (KILN_CPU_ELEMENTS in nn/module.hpp).
 #define KILN_LOSS_KERNELS(EXTERN, T)                                                     \
   KILN_CPU_ELEMENTS(EXTERN, CrossEntropyRows<T>)                                        \
   KILN_CPU_ELEMENTS(EXTERN, CrossEntropyBackward<T>)                                     \
@@ -211,6 +211,7 @@ void loss_rows(Exec& exec, index_t rows, index_t cols, const F& f, const char* n
 KILN_LOSS_KERNELS(extern, float)
 KILN_LOSS_KERNELS(extern, double)
 #endif
+
 template <class I>
 struct CopyLabels {
   const I* src;

@@ -152,10 +152,10 @@ class CpuExecutor {
   // compiled for every size the model's layers have.
   template <class T, class Ext, class Ev>
   void elementwise(const View<T, host, Ext>& dst, const Ev& ev, const std::string& name) {
-    using Erased = detail::erased_evaluator_t<Ev>;
-    using DynExt = detail::dyn_extents_t<Ext>;
-    if constexpr (!std::is_void_v<Erased> && !(std::is_same_v<Erased, Ev> && std::is_same_v<DynExt, Ext>)) {
-      elementwise(View<T, host, DynExt>(dst.data(), dst.shape(), dst.strides()), Erased(ev), name);
+    if constexpr (detail::runs_erased_v<Ev, Ext>) {
+      using DynExt = detail::dyn_extents_t<Ext>;
+      elementwise(View<T, host, DynExt>(dst.data(), dst.shape(), dst.strides()), detail::erased_evaluator_t<Ev>(ev),
+                  name);
     } else {
       launch(name, [this, dst, ev](std::string_view nm) { elementwise_now(dst, ev, nm); });
     }

@@ -306,10 +306,9 @@ class CudaExecutor {
   // 64-bit indices) are compiled once for every size the model's layers have.
   template <class T, class Ext, class Ev>
   void elementwise(const View<T, cuda, Ext>& dst, const Ev& ev, const std::string& name) {
-    using Erased = kiln::detail::erased_evaluator_t<Ev>;
-    using DynExt = kiln::detail::dyn_extents_t<Ext>;
-    if constexpr (!std::is_void_v<Erased> && !(std::is_same_v<Erased, Ev> && std::is_same_v<DynExt, Ext>))
-      elementwise(View<T, cuda, DynExt>(dst.data(), dst.shape(), dst.strides()), Erased(ev), name);
+    if constexpr (kiln::detail::runs_erased_v<Ev, Ext>)
+      elementwise(View<T, cuda, kiln::detail::dyn_extents_t<Ext>>(dst.data(), dst.shape(), dst.strides()),
+                  kiln::detail::erased_evaluator_t<Ev>(ev), name);
     else
       elementwise_now(dst, ev, name);
   }
