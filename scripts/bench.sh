@@ -31,15 +31,17 @@ if [ "$with_peers" = 1 ]; then
     "$py" -m pip install "jax[cpu]" threadpoolctl numpy >&2
   fi
 fi
+want_cuda=${KILN_BENCH_CUDA:-auto}
+# build.sh leaves the CUDA targets out where no GPU is visible, unless they are asked for.
+[ "$want_cuda" = 1 ] && export KILN_CUDA=ON
 bash scripts/build.sh bench_fusion bench_gemm bench_train_step bench_dropout bench_policies bench_convnet >/dev/null
 cuda_benches=()
-want_cuda=${KILN_BENCH_CUDA:-auto}
 if [ "$want_cuda" = 1 ] || { [ "$want_cuda" = auto ] && nvidia-smi -L > /dev/null 2>&1; }; then
   if cmake --build build --target help 2> /dev/null | grep -q 'bench_kernels_cuda'; then
     cuda_benches=(train_step_cuda policies_cuda fusion_cuda kernels_cuda)
     bash scripts/build.sh "${cuda_benches[@]/#/bench_}" >/dev/null
   else
-    echo "bench.sh: no CUDA benchmark targets in build/ (no nvcc, or KILN_WITH_CUDA=OFF): CUDA benchmarks left out" >&2
+    echo "bench.sh: no CUDA benchmark targets in build/ (no nvcc, or built without them: KILN_CUDA=OFF): CUDA benchmarks left out" >&2
   fi
 fi
 out=${1:-/dev/null}

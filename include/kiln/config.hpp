@@ -70,8 +70,10 @@
 // The same for non-template functions whose bodies are worth compiling once (the data readers,
 // the loader): declared with KILN_COMPILED; their bodies sit in `#if KILN_HEADER_BODIES` blocks.
 // Header-only, they are inline and their bodies always there. A program linking kiln::kernels sees
-// the declarations only; the library compiles the bodies once, in src/kernels/bodies.cpp (which
-// defines KILN_COMPILE_BODIES).
+// the declarations only; the library compiles the bodies once, in src/kernels/bodies*.cpp:
+// bodies.cpp defines KILN_COMPILE_BODIES (every body its headers bring), bodies_io.cpp and
+// bodies_train.cpp include their *_bodies.hpp files directly (their headers include data/ ones,
+// whose bodies bodies.cpp already compiles: a second copy would be a multiple definition).
 #if !defined(KILN_KERNELS_LIBRARY)
 #define KILN_HEADER_BODIES 1
 #define KILN_COMPILED inline

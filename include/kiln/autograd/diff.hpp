@@ -80,13 +80,13 @@ class Diff<VarLeaf<T, S, Ext>> {
   };
   template <class Plan>
   Diff(const VarLeaf<T, S, Ext>& l, const Shape& dst, Plan& plan) : ev_(l, dst) {
-    VarData<T, S, Ext>& d = *l.owner;
+    VarNode& d = *l.owner;  // a VarData<T, S, Ext'> whose Ext' may name the sizes Ext erased
     if (!d.requires_grad) return;
     const index_t rows = dst.rows(), cols = dst.cols();
     rs_ = cols;
     if (l.shape().size() == dst.size()) {
       add_ = plan.claim(&d);
-      g_ = d.ensure_grad();
+      g_ = static_cast<T*>(d.ensure_grad_data());
       return;
     }
     // Broadcast input: write adjoints densely, then reduce them to the input's shape.
@@ -98,7 +98,7 @@ class Diff<VarLeaf<T, S, Ext>> {
     T* scratch = g_;
     auto* exec = &plan.exec;
     plan.after.push_back([=, &d] {
-      T* out = d.ensure_grad();
+      T* out = static_cast<T*>(d.ensure_grad_data());
       // ONE reduction, which adds to the gradient when it already holds a contribution.
       auto sum_into = [&](auto&&... reduce_args) { exec->template reduce<red::Sum>(out, reduce_args..., add); };
       if (ls.rs == 0 && ls.cs == 0) {  // a scalar: sum everything

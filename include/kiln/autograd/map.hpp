@@ -13,6 +13,7 @@
 
 #include "kiln/config.hpp"  // KILN_FORCE_EAGER_FORMS
 #include "kiln/autograd/diff.hpp"
+#include "kiln/autograd/erased_expr.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/autograd/tape.hpp"
 #include "kiln/expr/assign.hpp"
@@ -45,6 +46,24 @@ void for_each_var(const E& e, F&& f) {
 
 template <class Exec, class E>
 auto map_expr(Tape<Exec>& tape, const E& e);
+
+// ag::map's backward step: ONE kernel over the output that writes every input's gradient.
+template <class Exec, class E>
+struct MapBackwardStep {
+  using T = typename E::value_type;
+  E e;
+  VarNode* out;  // the result; it owns this step
+  Shape shape;   // the result's
+  void operator()(Exec& exec) const {
+    if (!out->grad_valid) return;  // nothing flowed back into this result
+    BackwardPlan<Exec> plan{exec, {}, {}, {}, {}};
+    MapBackwardKernel<E, T> k{Diff<E>(e, shape, plan), static_cast<const T*>(out->ensure_grad_data()), shape.cols()};
+    exec.for_each_element(shape.rows(), shape.cols(), k, kind::elementwise,
+                          exec.stats().recording() ? "backward" + describe_launch(e, exec).substr(5) : "backward",
+                          std::size_t(shape.size()) * sizeof(T) * 2);
+    plan.finish();
+  }
+};
 
 // stance::force_eager's form of ag::map: the expression split into one node per kernel, each
 // non-leaf child a variable of its own (defined in
@@ -82,16 +101,11 @@ auto map_expr(Tape<Exec>& tape, const E& e) {
   });
   if (!needs_grad || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record(out, std::move(inputs), [e](Exec& exec, auto& od) {
-    if (!od.grad_valid) return;  // nothing flowed back into this result
-    const Shape s = od.value.shape();
-    BackwardPlan<Exec> plan{exec, {}, {}, {}, {}};
-    MapBackwardKernel<E, T> k{Diff<E>(e, s, plan), od.grad.data(), s.cols()};
-    exec.for_each_element(s.rows(), s.cols(), k, kind::elementwise,
-                          exec.stats().recording() ? "backward" + describe_launch(e, exec).substr(5) : "backward",
-                          std::size_t(s.size()) * sizeof(T) * 2);
-    plan.finish();
-  });
+  VarNode& node = *out.data();
+  if constexpr (std::is_void_v<erased_expr_t<E>>)
+    tape.record_node(node, std::move(inputs), MapBackwardStep<Exec, E>{e, &node, out.shape()});
+  else  // compiled once per rank and element types, whatever the sizes
+    tape.record_node(node, std::move(inputs), MapBackwardStep<Exec, erased_expr_t<E>>{erase_expr(e), &node, out.shape()});
   return out;
 }
 }  // namespace detail

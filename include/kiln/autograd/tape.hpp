@@ -154,6 +154,12 @@ class Tape {
     attach(*od, std::move(inputs), [od, rule = std::move(rule)](Exec& exec) { rule(exec, *od); });
   }
 
+  // record() for a step that reaches `out` through its untyped node (VarNode: the gradient as
+  // ensure_grad_data()): the step's code is then shared by outputs of every size.
+  void record_node(VarNode& out, std::vector<std::shared_ptr<VarNode>> inputs, std::function<void(Exec&)> run) {
+    attach(out, std::move(inputs), std::move(run));
+  }
+
   // d(loss)/d(every variable loss depends on that requires a gradient); see the header comment.
   template <class T, class S, index_t... D>
   void backward(const Var<T, S, D...>& loss, BackwardOptions options = {}) {

@@ -164,7 +164,9 @@ struct VarLeaf {
   using space = S;
   using extents_type = Ext;
   View<const T, S, Ext> view;
-  std::shared_ptr<VarData<T, S, Ext>> owner;  // host side only; keeps the variable alive
+  // Host side only; keeps the variable alive. Untyped: the erased form of an expression
+  // (autograd/erased_expr.hpp) refers to the same variable with its sizes dropped.
+  std::shared_ptr<VarNode> owner;
   Shape shape() const { return view.shape(); }
 };
 

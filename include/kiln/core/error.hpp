@@ -74,12 +74,12 @@ namespace detail {
 // compile time.
 class MessagePart {
  public:
-  enum class Kind : unsigned char { text, character, signed_int, unsigned_int, real, manipulator };
+  enum class Kind : unsigned char { text, character, signed_int, unsigned_int, real, manipulator, object };
   using Manipulator = std::ios_base& (*)(std::ios_base&);
 
-  MessagePart(const char* s) : text_(s ? std::string_view(s) : std::string_view("(null)")) {}
-  MessagePart(std::string_view s) : text_(s) {}
-  MessagePart(const std::string& s) : text_(s) {}
+  MessagePart(const char* s) : MessagePart(s ? std::string_view(s) : std::string_view("(null)")) {}
+  MessagePart(std::string_view s) : text_{s.data(), s.size()} {}
+  MessagePart(const std::string& s) : MessagePart(std::string_view(s)) {}
   MessagePart(char c) : kind_(Kind::character), character_(c) {}
   MessagePart(signed char c) : kind_(Kind::character), character_(char(c)) {}
   MessagePart(unsigned char c) : kind_(Kind::character), character_(char(c)) {}
@@ -94,12 +94,12 @@ class MessagePart {
   MessagePart(float v) : kind_(Kind::real), real_(v) {}
   MessagePart(double v) : kind_(Kind::real), real_(v) {}
   MessagePart(long double v) : kind_(Kind::real), real_(double(v)) {}
-  // Anything else: formatted by its operator<< into owned text.
+  // Anything else (a Shape, a path, an enum): written by its operator<< when the message is
+  // joined. The part refers to x, which outlives it (a message is joined within the call that
+  // made its parts).
   template <class X>
     requires(!std::is_arithmetic_v<X> && !std::is_convertible_v<const X&, std::string_view>)
-  MessagePart(const X& x) : owned_(streamed(x)) {
-    text_ = owned_;
-  }
+  MessagePart(const X& x) : kind_(Kind::object), object_{&x, &stream_object<X>} {}
   MessagePart(const MessagePart&) = delete;
   MessagePart& operator=(const MessagePart&) = delete;
 
@@ -107,19 +107,25 @@ class MessagePart {
   void append_to(std::string& out) const {
     char buf[32];
     switch (kind_) {
-      case Kind::text: out += text_; return;
+      case Kind::text: out.append(text_.data, text_.size); return;
       case Kind::character: out += character_; return;
       case Kind::signed_int: out.append(buf, std::to_chars(buf, buf + sizeof buf, signed_).ptr); return;
       case Kind::unsigned_int: out.append(buf, std::to_chars(buf, buf + sizeof buf, unsigned_).ptr); return;
       case Kind::real: out.append(buf, std::size_t(std::snprintf(buf, sizeof buf, "%g", real_))); return;
       case Kind::manipulator: return;
+      case Kind::object: {
+        std::ostringstream s;
+        object_.write(object_.x, s);
+        out += s.str();
+        return;
+      }
     }
   }
   bool is_manipulator() const { return kind_ == Kind::manipulator; }
   // Writes this part with `<<` (integers in their own width, for std::hex of a negative value).
   void stream_to(std::ostream& out) const {
     switch (kind_) {
-      case Kind::text: out << text_; return;
+      case Kind::text: out << std::string_view(text_.data, text_.size); return;
       case Kind::character: out << character_; return;
       case Kind::signed_int:
         if (bytes_ == 2) out << short(signed_);
@@ -133,26 +139,35 @@ class MessagePart {
         return;
       case Kind::real: out << real_; return;
       case Kind::manipulator: out << manipulator_; return;
+      case Kind::object: object_.write(object_.x, out); return;
     }
   }
 
  private:
   template <class X>
-  static std::string streamed(const X& x) {
-    std::ostringstream s;
-    s << x;
-    return s.str();
+  static void stream_object(const void* x, std::ostream& out) {
+    out << *static_cast<const X*>(x);
   }
 
+  // Trivially destructible, a few stores to make: a check's message array costs its caller
+  // nearly nothing to build and nothing to destroy.
   Kind kind_ = Kind::text;
   unsigned char bytes_ = 8;  // an integer's size
-  Manipulator manipulator_ = nullptr;
-  std::string_view text_;
-  char character_ = 0;
-  long long signed_ = 0;
-  unsigned long long unsigned_ = 0;
-  double real_ = 0;
-  std::string owned_;
+  union {
+    struct {
+      const char* data;
+      std::size_t size;
+    } text_;
+    char character_;
+    long long signed_;
+    unsigned long long unsigned_;
+    double real_;
+    Manipulator manipulator_;
+    struct {
+      const void* x;
+      void (*write)(const void*, std::ostream&);
+    } object_;
+  };
 };
 
 inline std::string join_message(const MessagePart* parts, std::size_t count) {

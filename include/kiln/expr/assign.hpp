@@ -19,43 +19,62 @@ namespace kiln {
 
 namespace detail {
 
-// The byte range [lo, hi) a view can touch.
-template <class V>
-std::pair<const char*, const char*> byte_range(const V& v) {
-  using T = typename V::value_type;
-  if (v.size() == 0) return {nullptr, nullptr};
-  index_t lo = 0, hi = 0;
-  for (int i = 0; i < v.shape().rank; ++i) {
-    const index_t ext = (v.dim(i) - 1) * v.stride(i);
-    (ext < 0 ? lo : hi) += ext;
+// A view as the alias checks see it: its elements' address, size, shape and strides. The checks
+// are compiled once, not once per pair of view types.
+struct AliasOperand {
+  const void* data;
+  std::size_t element_bytes;
+  const Shape& shape;
+  const std::array<index_t, max_rank>& strides;
+  template <class V>
+  static AliasOperand of(const V& v) {
+    return {v.data(), sizeof(typename V::value_type), v.shape(), v.strides()};
   }
-  auto base = reinterpret_cast<const char*>(v.data());
-  return {base + lo * index_t(sizeof(T)), base + (hi + 1) * index_t(sizeof(T))};
+  // The byte range [lo, hi) the view can touch.
+  std::pair<const char*, const char*> byte_range() const {
+    if (shape.size() == 0) return {nullptr, nullptr};
+    index_t lo = 0, hi = 0;
+    for (int i = 0; i < shape.rank; ++i) {
+      const index_t ext = (shape[i] - 1) * strides[std::size_t(i)];
+      (ext < 0 ? lo : hi) += ext;
+    }
+    auto base = static_cast<const char*>(data);
+    const auto bytes = index_t(element_bytes);
+    return {base + lo * bytes, base + (hi + 1) * bytes};
+  }
+};
+
+[[gnu::noinline]] inline void check_alias_operands(const AliasOperand& dst, const AliasOperand& leaf) {
+  const auto [dl, dh] = dst.byte_range();
+  const auto [ll, lh] = leaf.byte_range();
+  if (dl == nullptr || ll == nullptr || lh <= dl || dh <= ll) return;
+  const bool same_walk = leaf.data == dst.data && leaf.element_bytes == dst.element_bytes &&
+                         leaf.shape == dst.shape && leaf.strides == dst.strides;
+  KILN_CHECK(same_walk, AliasError, "the destination (shape ", dst.shape.str(), ") overlaps an operand of shape ",
+             leaf.shape.str(), " that it does not match element for element; evaluating in place would read values "
+             "already overwritten: assign into a separate tensor");
 }
 
+// An overlap the kernel cannot survive: dst touches leaf's elements other than element for
+// element (an in-place update reads each element before writing it, so it is fine).
 template <class D, class V>
 void check_alias(const D& dst, const V& leaf) {
-  const auto [dl, dh] = byte_range(dst);
-  const auto [ll, lh] = byte_range(leaf);
-  if (dl == nullptr || ll == nullptr || lh <= dl || dh <= ll) return;
-  const bool same_walk = static_cast<const void*>(leaf.data()) == static_cast<const void*>(dst.data()) &&
-                         sizeof(typename V::value_type) == sizeof(typename D::value_type) &&
-                         leaf.shape() == dst.shape() && leaf.strides() == dst.strides();
-  KILN_CHECK(same_walk, AliasError, "the destination (shape ", dst.shape().str(),
-             ") overlaps an operand of shape ", leaf.shape().str(),
-             " that it does not match element for element; evaluating in place would read values "
-             "already overwritten: assign into a separate tensor");
+  check_alias_operands(AliasOperand::of(dst), AliasOperand::of(leaf));
+}
+
+[[gnu::noinline]] inline void check_no_overlap_operands(const AliasOperand& dst, const AliasOperand& leaf) {
+  const auto [dl, dh] = dst.byte_range();
+  const auto [ll, lh] = leaf.byte_range();
+  KILN_CHECK(dl == nullptr || ll == nullptr || lh <= dl || dh <= ll, AliasError, "the destination (shape ",
+             dst.shape.str(), ") of a reduction overlaps its operand of shape ", leaf.shape.str(),
+             "; rows written first would be read again: reduce into a separate tensor");
 }
 
 // For kernels that write an element before they have read every input element at other
 // positions (reductions over the last axis write row r, then read row r + 1): any overlap.
 template <class D, class V>
 void check_no_overlap(const D& dst, const V& leaf) {
-  const auto [dl, dh] = byte_range(dst);
-  const auto [ll, lh] = byte_range(leaf);
-  KILN_CHECK(dl == nullptr || ll == nullptr || lh <= dl || dh <= ll, AliasError, "the destination (shape ",
-             dst.shape().str(), ") of a reduction overlaps its operand of shape ", leaf.shape().str(),
-             "; rows written first would be read again: reduce into a separate tensor");
+  check_no_overlap_operands(AliasOperand::of(dst), AliasOperand::of(leaf));
 }
 
 template <class X>

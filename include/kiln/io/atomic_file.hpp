@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::io {
@@ -24,28 +25,12 @@ namespace detail {
 inline std::string errno_text(int e) { return std::strerror(e); }
 
 // The directory part of a path ("." for a bare name).
-inline std::string directory_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-inline std::string base_name_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
+KILN_COMPILED std::string directory_of(const std::string& path);
+KILN_COMPILED std::string base_name_of(const std::string& path);
 
 // Writes all n bytes to fd, resuming after signals and short writes.
 // returns: 0, or the errno of the failure (ENOSPC for a write that made no progress).
-inline int write_all(int fd, const void* data, std::size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t done = 0; done < n;) {
-    const ::ssize_t w = ::write(fd, p + done, n - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return w < 0 ? errno : ENOSPC;
-    done += std::size_t(w);
-  }
-  return 0;
-}
+KILN_COMPILED int write_all(int fd, const void* data, std::size_t n);
 
 // Closes a descriptor on every way out.
 struct Fd {
@@ -58,37 +43,15 @@ struct Fd {
 
 // The temporary name write_file_atomically uses for `path`: hidden, in the same directory, unique
 // per process, and recognisable (a directory scan can remove ones a killed run left behind).
-inline std::string temporary_name_for(const std::string& path) {
-  return detail::directory_of(path) + "/." + detail::base_name_of(path) + ".tmp." + std::to_string(::getpid());
-}
+KILN_COMPILED std::string temporary_name_for(const std::string& path);
 
 // Replaces `path` with `bytes` atomically and durably (see the header comment).
 // throws: DataError naming the file and the step that failed (create, write, fsync, rename) with
 //   the system's reason; the temporary file is removed and an existing `path` is untouched.
-inline void write_file_atomically(const std::string& path, std::span<const unsigned char> bytes) {
-  const std::string tmp = temporary_name_for(path);
-  auto fail = [&](const char* step, int e) {
-    ::unlink(tmp.c_str());
-    throw DataError(::kiln::detail::concat("cannot write ", path, ": ", step, " failed: ", detail::errno_text(e),
-                                           " (the previous file, if any, is unchanged)"));
-  };
-  {
-    detail::Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (f.fd < 0) {
-      const int e = errno;  // nothing was created: do not unlink another process's file
-      throw DataError(::kiln::detail::concat("cannot write ", path, ": creating ", tmp, " failed: ",
-                                             detail::errno_text(e)));
-    }
-    if (const int e = detail::write_all(f.fd, bytes.data(), bytes.size()); e != 0) fail("writing", e);
-    if (::fsync(f.fd) != 0) fail("fsync", errno);
-    const int fd = f.fd;
-    f.fd = -1;
-    if (::close(fd) != 0) fail("close", errno);  // NFS reports write errors here
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", errno);
-  // The rename is in the directory's data: sync it, or a power cut may forget the new name.
-  detail::Fd dir{::open(detail::directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (dir.fd >= 0) ::fsync(dir.fd);  // best effort: some file systems refuse fsync on directories
-}
+KILN_COMPILED void write_file_atomically(const std::string& path, std::span<const unsigned char> bytes);
 
 }  // namespace kiln::io
+
+#if KILN_HEADER_BODIES
+#include "kiln/io/atomic_file_bodies.hpp"
+#endif

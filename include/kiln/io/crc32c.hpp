@@ -11,9 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__SSE4_2__) && !defined(__CUDA_ARCH__)
-#include <nmmintrin.h>
-#endif
+#include "kiln/config.hpp"
 
 namespace kiln::io {
 
@@ -32,36 +30,17 @@ inline constexpr std::array<std::uint32_t, 256> crc32c_bytes = crc32c_table();
 }  // namespace detail
 
 // The portable loop (also the reference the hardware path is tested against).
-inline std::uint32_t crc32c_portable(const void* data, std::size_t n, std::uint32_t crc = 0) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (std::size_t i = 0; i < n; ++i) crc = detail::crc32c_bytes[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
-  return ~crc;
-}
+KILN_COMPILED std::uint32_t crc32c_portable(const void* data, std::size_t n, std::uint32_t crc = 0);
 
 // CRC-32C of n bytes, continuing from `crc` (the value returned for the bytes before).
-inline std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc = 0) {
-#if defined(__SSE4_2__) && defined(__x86_64__) && !defined(__CUDA_ARCH__)
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::uint64_t c = ~crc;
-  for (; n >= 8; n -= 8, p += 8) {
-    std::uint64_t word;
-    std::memcpy(&word, p, 8);
-    c = _mm_crc32_u64(c, word);
-  }
-  auto c32 = static_cast<std::uint32_t>(c);
-  for (; n > 0; --n, ++p) c32 = _mm_crc32_u8(c32, *p);
-  return ~c32;
-#else
-  return crc32c_portable(data, n, crc);
-#endif
-}
+KILN_COMPILED std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc = 0);
 
 // TFRecord's masked form: a CRC stored beside the data it covers, rotated and offset so that a
 // CRC computed over bytes that themselves contain CRCs does not degenerate.
-inline std::uint32_t masked_crc32c(const void* data, std::size_t n) {
-  const std::uint32_t c = crc32c(data, n);
-  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
-}
+KILN_COMPILED std::uint32_t masked_crc32c(const void* data, std::size_t n);
 
 }  // namespace kiln::io
+
+#if KILN_HEADER_BODIES
+#include "kiln/io/crc32c_bodies.hpp"
+#endif

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "kiln/autograd/var.hpp"
+#include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/io/safetensors.hpp"
@@ -76,11 +77,7 @@ auto& tensor_of_item(Item& item) {
   else return item;
 }
 
-inline std::vector<std::int64_t> dims_of(const Shape& s) {
-  std::vector<std::int64_t> out;
-  for (int i = 0; i < s.rank; ++i) out.push_back(std::int64_t(s[i]));
-  return out;
-}
+KILN_COMPILED std::vector<std::int64_t> dims_of(const Shape& s);
 
 // A tensor's values copied to the host, as bytes.
 template <class Tensor>
@@ -179,43 +176,15 @@ const char* optimizer_name() {
   else return "optimizer";
 }
 
-inline std::string number_text(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
+KILN_COMPILED std::string number_text(double v);
 
 // Metadata lookups for a checkpoint, each failing with the file and the key.
 struct MetaReader {
   const io::SafetensorsFile& file;
-  const std::string& text(const std::string& key) const {
-    auto it = file.metadata().find(key);
-    if (it == file.metadata().end()) file.fail("metadata \"", key, "\" is missing: not a complete kiln checkpoint");
-    return it->second;
-  }
-  std::int64_t integer(const std::string& key) const {
-    const std::string& s = text(key);
-    std::int64_t v = 0;
-    const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (r.ec != std::errc{} || r.ptr != s.data() + s.size())
-      file.fail("metadata \"", key, "\" = \"", s, "\" is not an integer");
-    return v;
-  }
-  std::uint64_t u64(const std::string& key) const {
-    const std::string& s = text(key);
-    std::uint64_t v = 0;
-    const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (r.ec != std::errc{} || r.ptr != s.data() + s.size())
-      file.fail("metadata \"", key, "\" = \"", s, "\" is not an unsigned integer");
-    return v;
-  }
-  double real(const std::string& key) const {
-    const std::string& s = text(key);
-    char* end = nullptr;
-    const double v = std::strtod(s.c_str(), &end);
-    if (s.empty() || end != s.c_str() + s.size()) file.fail("metadata \"", key, "\" = \"", s, "\" is not a number");
-    return v;
-  }
+  KILN_COMPILED const std::string& text(const std::string& key) const;
+  KILN_COMPILED std::int64_t integer(const std::string& key) const;
+  KILN_COMPILED std::uint64_t u64(const std::string& key) const;
+  KILN_COMPILED double real(const std::string& key) const;
 };
 
 }  // namespace detail
@@ -441,3 +410,7 @@ CheckpointInfo load_checkpoint(const std::string& path, StepT& step) {
 }
 
 }  // namespace kiln::train
+
+#if KILN_HEADER_BODIES
+#include "kiln/train/checkpoint_bodies.hpp"
+#endif

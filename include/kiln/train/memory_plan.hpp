@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "kiln/backend/cpu/gemm.hpp"
+#include "kiln/config.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
@@ -49,37 +50,9 @@ struct MemoryPlan {
   std::size_t fixed() const { return parameters + gradients + optimizer + low_copies; }
   std::size_t bytes_for(index_t batch) const { return fixed() + workspace(batch) + std::size_t(batch) * per_sample; }
   // The largest batch whose step fits in `budget` bytes (0 when not even one sample does).
-  index_t largest_batch(std::size_t budget) const {
-    if (per_sample == 0 || bytes_for(1) > budget) return 0;
-    index_t lo = 1, hi = 2;  // bytes_for grows with the batch: double, then bisect
-    while (bytes_for(hi) <= budget) lo = hi, hi *= 2;
-    while (hi - lo > 1) {
-      const index_t mid = lo + (hi - lo) / 2;
-      (bytes_for(mid) <= budget ? lo : hi) = mid;
-    }
-    return lo;
-  }
+  KILN_COMPILED index_t largest_batch(std::size_t budget) const;
   // The plan at `batch`, and the largest batch for `budget` bytes (0: not shown).
-  std::string str(index_t batch, std::size_t budget = 0) const {
-    auto mib = [](std::size_t b) {
-      char t[32];
-      std::snprintf(t, sizeof t, "%.2f MiB", double(b) / 1048576.0);
-      return std::string(t);
-    };
-    std::string out = model.empty() ? "" : model + "\n";
-    out += "  parameters        " + mib(parameters) + "\n";
-    out += "  gradients         " + mib(gradients) + "\n";
-    out += "  optimizer state   " + mib(optimizer) + "\n";
-    if (low_copies) out += "  low-precision     " + mib(low_copies) + " (weight copies)\n";
-    out += "  activations       " + std::to_string(per_sample) + " bytes per sample, " + mib(std::size_t(batch) * per_sample) +
-           " at batch " + std::to_string(batch) + "\n";
-    out += "  GEMM workspace    " + mib(workspace(batch)) + " at batch " + std::to_string(batch) + "\n";
-    out += "  total             " + mib(bytes_for(batch)) + " at batch " + std::to_string(batch) + "\n";
-    if (budget > 0)
-      out += "  largest batch     " + std::to_string(largest_batch(budget)) + " in a budget of " + mib(budget) + "\n";
-    if (!modelled) out += "  (force_eager keeps a buffer per expression node: expect more than this)\n";
-    return out;
-  }
+  KILN_COMPILED std::string str(index_t batch, std::size_t budget = 0) const;
 };
 
 namespace detail {
@@ -212,14 +185,10 @@ MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& op
 
 // Memory to plan with when none is given: MemAvailable of /proc/meminfo (the CPU backend) less a
 // 10% margin; 0 when it cannot be read.
-inline std::size_t host_memory_budget() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  std::size_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024 / 10 * 9;
-  return 0;
-}
+KILN_COMPILED std::size_t host_memory_budget();
 
 }  // namespace kiln::train
+
+#if KILN_HEADER_BODIES
+#include "kiln/train/memory_plan_bodies.hpp"
+#endif
