@@ -123,7 +123,7 @@ int main(int argc, char** argv) try {
   std::printf("device: CPU, %d thread%s (no CUDA device: %s)\n", o.threads, o.threads == 1 ? "" : "s", why.c_str());
 #else
   KILN_CHECK(!kiln::device_required(), kiln::ValueError, "KILN_REQUIRE_DEVICE is set, but this build has no CUDA");
-  std::printf("device: CPU, %d thread%s (this build has no CUDA: nvcc was not found)\n", o.threads,
+  std::printf("device: CPU, %d thread%s (this build has no CUDA part: no nvcc, or built without it)\n", o.threads,
               o.threads == 1 ? "" : "s");
 #endif
   return train_digits::train<kiln::host>(o, data.train, data.test, make_host_step);
