@@ -380,4 +380,13 @@ TEST_CASE("concat writes each part as std::ostream would") {
         streamed(std::hex, short(-2), " ", std::uint16_t(65535), " ", -3ll));
   CHECK(kiln::detail::concat() == "");
   CHECK(kiln::detail::concat(static_cast<const char*>(nullptr)) == "(null)");
+  // An object part refers to its argument and writes it when the message is joined: after a
+  // manipulator too, and through KILN_CHECK, whose parts are copies (temporaries included).
+  CHECK(kiln::detail::concat(std::hex, 255, shape, first) == streamed(std::hex, 255, shape, first));
+  try {
+    KILN_CHECK(false, kiln::ShapeError, "got ", Shape{4, 5}, " after ", shape, " (", first, ")");
+    FAIL("KILN_CHECK(false, ...) did not throw");
+  } catch (const kiln::ShapeError& e) {
+    CHECK(std::string(e.what()) == streamed("got ", Shape{4, 5}, " after ", shape, " (", first, ")"));
+  }
 }
