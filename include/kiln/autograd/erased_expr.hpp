@@ -15,45 +15,18 @@
 
 namespace kiln::ag::detail {
 
-// E with every leaf's sizes dynamic (ranks kept), or void when a node has no erased form.
+// A leaf with its sizes dropped: a variable stays a variable (its backward writes the gradient);
+// views and scalars as the forward's erased form has them.
 template <class E>
-struct erased_expr {
-  using type = void;
-};
-template <class E>
-using erased_expr_t = typename erased_expr<E>::type;
-
+struct erased_ag_leaf : kiln::detail::erased_leaf<E> {};
 template <class T, class S, class Ext>
-struct erased_expr<VarLeaf<T, S, Ext>> {
+struct erased_ag_leaf<VarLeaf<T, S, Ext>> {
   using type = VarLeaf<T, S, kiln::detail::dyn_extents_t<Ext>>;
 };
-template <class T, class S, class Ext>
-struct erased_expr<View<T, S, Ext>> {
-  using type = View<const std::remove_const_t<T>, S, kiln::detail::dyn_extents_t<Ext>>;
-};
-template <class T>
-struct erased_expr<Scalar<T>> {
-  using type = Scalar<T>;
-};
-template <class F, class A>
-struct erased_expr<Unary<F, A>> {
-  using type = std::conditional_t<std::is_void_v<erased_expr_t<A>>, void, Unary<F, erased_expr_t<A>>>;
-};
-template <class F, class A, class B>
-struct erased_expr<Binary<F, A, B>> {
-  using type = std::conditional_t<std::is_void_v<erased_expr_t<A>> || std::is_void_v<erased_expr_t<B>>, void,
-                                  Binary<F, erased_expr_t<A>, erased_expr_t<B>>>;
-};
-template <class F, class A, class B, class C>
-struct erased_expr<Ternary<F, A, B, C>> {
-  using type = std::conditional_t<
-      std::is_void_v<erased_expr_t<A>> || std::is_void_v<erased_expr_t<B>> || std::is_void_v<erased_expr_t<C>>, void,
-      Ternary<F, erased_expr_t<A>, erased_expr_t<B>, erased_expr_t<C>>>;
-};
-template <class To, class A>
-struct erased_expr<Cast<To, A>> {
-  using type = std::conditional_t<std::is_void_v<erased_expr_t<A>>, void, Cast<To, erased_expr_t<A>>>;
-};
+
+// E with every leaf's sizes dynamic (ranks kept), or void when a node has no erased form.
+template <class E>
+using erased_expr_t = kiln::detail::map_leaves_t<E, erased_ag_leaf>;
 
 // The erased form's value (requires: erased_expr_t<E> is not void).
 template <class E>

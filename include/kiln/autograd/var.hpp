@@ -187,7 +187,7 @@ class Evaluator<ag::VarLeaf<T, S, Ext>> : public Evaluator<View<const T, S, Ext>
 
 // A variable reads like a view (expr/evaluator.hpp: the erased form of an expression).
 template <class T, class S, class Ext>
-struct detail::erased_node<ag::VarLeaf<T, S, Ext>> {
+struct detail::erased_leaf<ag::VarLeaf<T, S, Ext>> {
   using type = View<const T, S, dyn_extents_t<Ext>>;
 };
 

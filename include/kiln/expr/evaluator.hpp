@@ -477,40 +477,51 @@ struct dyn_extents_of<4> {
 template <class Ext>
 using dyn_extents_t = typename dyn_extents_of<Ext::rank>::type;
 
-// E with its leaves' sizes erased, or void when a node has no erased form.
+// E with each leaf L replaced by Leaf<L>::type and its nodes kept, or void when a leaf (or a node
+// that is not elementwise) has no replacement (Leaf<X>::type is void). The erased forms: here,
+// and ag::map's backward in autograd/erased_expr.hpp.
+template <class E, template <class> class Leaf>
+struct map_leaves {
+  using type = typename Leaf<E>::type;
+};
+template <class E, template <class> class Leaf>
+using map_leaves_t = typename map_leaves<E, Leaf>::type;
+template <class F, class A, template <class> class Leaf>
+struct map_leaves<Unary<F, A>, Leaf> {
+  using type = std::conditional_t<std::is_void_v<map_leaves_t<A, Leaf>>, void, Unary<F, map_leaves_t<A, Leaf>>>;
+};
+template <class F, class A, class B, template <class> class Leaf>
+struct map_leaves<Binary<F, A, B>, Leaf> {
+  using type = std::conditional_t<std::is_void_v<map_leaves_t<A, Leaf>> || std::is_void_v<map_leaves_t<B, Leaf>>,
+                                  void, Binary<F, map_leaves_t<A, Leaf>, map_leaves_t<B, Leaf>>>;
+};
+template <class F, class A, class B, class C, template <class> class Leaf>
+struct map_leaves<Ternary<F, A, B, C>, Leaf> {
+  using type = std::conditional_t<std::is_void_v<map_leaves_t<A, Leaf>> || std::is_void_v<map_leaves_t<B, Leaf>> ||
+                                      std::is_void_v<map_leaves_t<C, Leaf>>,
+                                  void, Ternary<F, map_leaves_t<A, Leaf>, map_leaves_t<B, Leaf>, map_leaves_t<C, Leaf>>>;
+};
+template <class To, class A, template <class> class Leaf>
+struct map_leaves<Cast<To, A>, Leaf> {
+  using type = std::conditional_t<std::is_void_v<map_leaves_t<A, Leaf>>, void, Cast<To, map_leaves_t<A, Leaf>>>;
+};
+
+// A leaf with its sizes erased (views and scalars; autograd/var.hpp adds variables), else void.
 template <class E>
-struct erased_node {
+struct erased_leaf {
   using type = void;
 };
-template <class E>
-using erased_node_t = typename erased_node<E>::type;
 template <class T, class S, class Ext>
-struct erased_node<View<T, S, Ext>> {
+struct erased_leaf<View<T, S, Ext>> {
   using type = View<const std::remove_const_t<T>, S, dyn_extents_t<Ext>>;
 };
 template <class T>
-struct erased_node<Scalar<T>> {
+struct erased_leaf<Scalar<T>> {
   using type = Scalar<T>;
 };
-template <class F, class A>
-struct erased_node<Unary<F, A>> {
-  using type = std::conditional_t<std::is_void_v<erased_node_t<A>>, void, Unary<F, erased_node_t<A>>>;
-};
-template <class F, class A, class B>
-struct erased_node<Binary<F, A, B>> {
-  using type = std::conditional_t<std::is_void_v<erased_node_t<A>> || std::is_void_v<erased_node_t<B>>, void,
-                                  Binary<F, erased_node_t<A>, erased_node_t<B>>>;
-};
-template <class F, class A, class B, class C>
-struct erased_node<Ternary<F, A, B, C>> {
-  using type = std::conditional_t<
-      std::is_void_v<erased_node_t<A>> || std::is_void_v<erased_node_t<B>> || std::is_void_v<erased_node_t<C>>, void,
-      Ternary<F, erased_node_t<A>, erased_node_t<B>, erased_node_t<C>>>;
-};
-template <class To, class A>
-struct erased_node<Cast<To, A>> {
-  using type = std::conditional_t<std::is_void_v<erased_node_t<A>>, void, Cast<To, erased_node_t<A>>>;
-};
+// E with its leaves' sizes erased, or void when a node has no erased form.
+template <class E>
+using erased_node_t = map_leaves_t<E, erased_leaf>;
 
 // The evaluator of Ev's erased expression (void when there is none).
 template <class Ev>
