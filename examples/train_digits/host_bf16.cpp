@@ -1,5 +1,5 @@
 // examples/train_digits/host_bf16.cpp — train_digits' CPU steps in bf16_mixed, every stance and mode.
-#include "train_digits.hpp"
+#include "steps.hpp"
 
 namespace train_digits {
 

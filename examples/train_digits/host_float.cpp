@@ -1,6 +1,8 @@
 // examples/train_digits/host_float.cpp — train_digits' CPU steps in fp32 and tf32 (one model code
 // serves both: their activations are float), every stance and mode, and the model's accuracy.
-#include "train_digits.hpp"
+#include "kiln/train/evaluate.hpp"
+
+#include "steps.hpp"
 
 namespace train_digits {
 

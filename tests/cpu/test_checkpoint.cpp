@@ -303,6 +303,47 @@ TEST_CASE("weights: a convnet's BatchNorm buffers use torch's names and survive 
   fs::remove_all(dir);
 }
 
+TEST_CASE("model_state: the untyped entries are for_each_state's tensors, and the checksum reads them") {
+  using Net = nn::Sequential<nn::Unflatten<1, 4, 3>, nn::Conv2d<1, 3, 3, 1, 1>, nn::BatchNorm2d<3>, nn::ReLU,
+                             nn::Dropout<0.25>, nn::GlobalAvgPool, nn::Linear<3, 4>>;
+  Net net(3);
+  net.template layer<2>().buffers().batches_tracked = 5;
+  net.template layer<4>().set_rng(17, 40);
+  const io::ModelState state = io::model_state(net);
+  std::size_t i = 0;
+  io::for_each_state(net, [&](const std::string& name, auto& item, io::state_kind kind) {
+    REQUIRE(i < state.tensors.size());
+    const io::StateTensor& t = state.tensors[i++];
+    CHECK(t.name == name);
+    CHECK(t.kind == kind);
+    using I = std::remove_cvref_t<decltype(item)>;
+    if constexpr (std::is_same_v<I, std::int64_t>) {
+      CHECK(t.type == dtype::i64);
+      CHECK(t.shape.rank == 0);
+      CHECK(t.data == static_cast<void*>(&item));
+      CHECK(t.bytes == sizeof(std::int64_t));
+    } else {
+      const auto& tensor = train::detail::tensor_of_item(item);
+      CHECK(t.type == dtype::f32);
+      CHECK(t.shape == tensor.shape());
+      CHECK(t.data == static_cast<const void*>(tensor.data()));
+      CHECK(t.bytes == tensor.bytes());
+    }
+  });
+  CHECK(i == state.tensors.size());
+  REQUIRE(state.rngs.size() == 1);
+  CHECK(state.rngs[0].prefix == "4.");
+  CHECK(state.rngs[0].get() == std::pair<std::uint64_t, std::uint64_t>{17, 40});
+  state.rngs[0].set(18, 41);
+  CHECK(net.template layer<4>().seed() == 18);
+  CHECK(net.template layer<4>().offset() == 41);
+  // The checksum is CRC-32C over every tensor's bytes in order, counters included.
+  const std::vector<std::uint8_t> bytes = state_bytes(net);
+  CHECK(train::state_checksum(net) == io::crc32c(bytes.data(), bytes.size(), 0));
+  net.template layer<2>().buffers().batches_tracked = 6;
+  CHECK(train::state_checksum(net) != io::crc32c(bytes.data(), bytes.size(), 0));
+}
+
 // ---- resume ----------------------------------------------------------------------------------
 
 namespace {

@@ -58,6 +58,7 @@ TEST_CASE("select_step: a step chosen by name trains as the typed Step of that p
       CHECK(std::string(step->policy().precision) == c.precision);
       CHECK(std::string(step->policy().stance) == c.stance);
       CHECK(std::string(step->policy().mode) == c.mode);
+      CHECK(step->policy().tf32 == (std::string(c.precision) == "tf32"));  // fp32's code, told it is tf32
       CHECK(step->describe().find(c.precision) == 0);
       CHECK(step->mode_report().find(std::string("mode ") + c.mode) == 0);
       chosen = train_six(*step);

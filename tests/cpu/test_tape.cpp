@@ -246,6 +246,17 @@ TEST_CASE("Var::item reads a one-element variable; other shapes throw") {
   CHECK_THROWS_WITH_AS(x.item(), doctest::Contains("one-element variable, got shape [2, 4]"), ShapeError);
 }
 
+// An activation only this file uses (in a named namespace: ODR-safe with the forms off): a linear
+// op's forms are compiled per activation and element type, whatever the sizes, so no other file
+// of the suite compiles its force_eager form.
+namespace tape_test {
+struct Triple {
+  static constexpr const char* name = "triple";
+  template <class T> KILN_HOST_DEVICE T operator()(T x) const { return T(3) * x; }
+  template <class T> KILN_HOST_DEVICE T d(T) const { return T(3); }
+};
+}  // namespace tape_test
+
 // This file compiles no force_eager forms (KILN_FORCE_EAGER_FORMS 0), and no file of the suite
 // runs these ops on these types: their forms are compiled nowhere (KILN_WEAK), and the ops say so.
 TEST_CASE("force_eager: an op whose eager form no file compiled names the header that compiles it") {
@@ -259,8 +270,16 @@ TEST_CASE("force_eager: an op whose eager form no file compiled names the header
   Tape eager(exec, {.force_eager = true});
   CHECK_THROWS_WITH_AS(ag::map(eager, x * 7.0 - x), doctest::Contains("reached ag::map"), ValueError);
   CHECK_THROWS_WITH_AS(ag::map(eager, x * 7.0 - x), doctest::Contains("#include <kiln/force_eager.hpp>"), ValueError);
-  nn::Linear<5, 2, true, double> layer;
-  CHECK_THROWS_WITH_AS(layer.forward(eager, x), doctest::Contains("reached ag::linear"), ValueError);
+  ag::Var<double, host, 2, 5> w(Tensor<double, host, 2, 5>(2, 5), true);
+  ag::Var<double, host, 2> b(Tensor<double, host, 2>(2), true);
+  for (int i = 0; i < 10; ++i) w.value().data()[i] = 0.1 * double(i);
+  b.value().data()[0] = b.value().data()[1] = 0.5;
+  CHECK_THROWS_WITH_AS(ag::linear<tape_test::Triple>(eager, x, w, b), doctest::Contains("reached ag::linear"),
+                       ValueError);
   // The tape is left as it was: a fused tape still runs the same ops.
-  CHECK(layer.forward(fused, x).shape() == Shape{3, 2});
+  const auto h = ag::linear<tape_test::Triple>(fused, x, w, b);
+  REQUIRE(h.shape() == Shape{3, 2});
+  double expected = 0.5;  // row 0, column 1: 3 (x0 · w1 + b1)
+  for (int i = 0; i < 5; ++i) expected += x.value().data()[i] * w.value().data()[5 + i];
+  CHECK(h.value().data()[1] == doctest::Approx(3.0 * expected));
 }

@@ -28,13 +28,17 @@
 #include "kiln/core/temp_pool.hpp"
 #include "kiln/expr/elementwise.hpp"  // the + and * its code writes on variables
 
+namespace kiln {
+class CpuExecutor;  // the host instances below name it
+}  // namespace kiln
+
 namespace kiln::ag {
 
 namespace detail {
 
 // What a linear op keeps for its backward: the aux buffer, and the offer (with its dZ buffer).
 // Nothing in it depends on the layer's sizes: one type (and one backward) for every width.
-template <class Exec, class T, class Act, bool HasBias>
+template <class Exec, class T, class Act>
 struct LinearState final : GemmGradFold<Exec, T> {
   using Buffer = typename TempPool<typename Exec::space>::Buffer;
   Buffer aux;
@@ -49,13 +53,9 @@ struct LinearState final : GemmGradFold<Exec, T> {
 
   // db (=|+=) its contribution: the pointer to write, or null when the bias needs no gradient.
   compute_t<T>* bias_grad(bool& add) const {
-    if constexpr (!HasBias) {
-      return nullptr;
-    } else {
-      if (!bias || !bias->requires_grad) return nullptr;
-      add = bias->grad_valid;
-      return static_cast<compute_t<T>*>(bias->ensure_grad_data());
-    }
+    if (!bias || !bias->requires_grad) return nullptr;
+    add = bias->grad_valid;
+    return static_cast<compute_t<T>*>(bias->ensure_grad_data());
   }
 
   bool gemm(Exec& exec, bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, index_t lda, const T* b,
@@ -85,9 +85,9 @@ struct CloseOfferOnDrop {
 // VarNode): dZ = dY·act'(Z) (or the consumer's folded GEMM's), dW (=|+=) dZᵀ·X with the bias
 // gradient in its epilogue, dX through gemm_into_grad. W = compute_t<T>: the weight's and the
 // bias's elements; w_values the weight's values in T (their low-precision copy for a half T).
-template <class Exec, class T, class Act, bool HasBias>
+template <class Exec, class T, class Act>
 struct LinearBackward {
-  using State = LinearState<Exec, T, Act, HasBias>;
+  using State = LinearState<Exec, T, Act>;
   using W = compute_t<T>;
   std::shared_ptr<VarNode> x, w;
   const T* w_values;
@@ -139,13 +139,31 @@ struct LinearBackward {
   }
 };
 
-// stance::force_eager's form of linear_impl: the GEMM alone, then the bias and the activation as
-// nodes of their own; false (y untouched) where that split does not give y's type. Defined in
-// kiln/autograd/linear_eager.hpp (KILN_WEAK, KILN_FORCE_EAGER_FORMS).
-template <class Act, class Exec, class T, class W, class S, index_t B, index_t I, index_t O, index_t I2,
-          class BiasVar>
-KILN_WEAK bool linear_eager(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, I2>& w, const BiasVar* bias,
-                            const T* w_low, Var<T, S, B, O>& y);
+// What the fused forward of one linear op reads, its sizes at run time: x [m, k] in T, the
+// weight's values [n, k] in T (its low-precision copy for a half T) and its variable, the bias
+// (null without one) in compute_t<T>.
+template <class T>
+struct LinearOperands {
+  std::shared_ptr<VarNode> x, w, bias;
+  const T* x_values;
+  const T* w_values;
+  const compute_t<T>* bias_values;
+  index_t m, n, k;
+  bool needs_grad;  // recording, and x, w or the bias requires a gradient
+};
+
+// y = act(x·wᵀ + b) into y_values ([m, n], allocated), and, when op.needs_grad, its backward
+// recorded on y's node. The body of every linear op: nothing in it depends on the layer's sizes,
+// so it is compiled once per executor, element type and activation — and, for the CPU executor
+// and the common activations, once in kiln::kernels (KILN_CPU_LINEAR_FLOAT below).
+template <class Act, class Exec, class T>
+void linear_fused(Tape<Exec>& tape, const LinearOperands<T>& op, T* y_values, VarNode& y);
+
+// stance::force_eager's form of linear_fused: the GEMM alone, then the bias and the activation as
+// nodes of their own, the last one y. Defined in kiln/autograd/linear_eager.hpp (KILN_WEAK,
+// KILN_FORCE_EAGER_FORMS).
+template <class Act, class Exec, class T>
+KILN_WEAK void linear_eager(Tape<Exec>& tape, const LinearOperands<T>& op, T* y_values, VarNode& y);
 
 // x in T; the weight w (and the bias) in W = compute_t<T>. For a half-precision T the GEMMs read
 // w_low, w's values in T (a copy the caller keeps current), and w's gradient still lands in w:
@@ -182,47 +200,76 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, 
     bias_values = bias->value().data();
     bias_grad = bias->requires_grad();
   }
-  using State = LinearState<Exec, T, Act, has_bias>;
   using Y = Var<T, S, B, O>;
-
+  Y y(typename Y::tensor_type(Shape{m, n}));
+  LinearOperands<T> op{x.data(), w.data(), nullptr, x.value().data(), w_values, bias_values, m, n, k, false};
+  op.needs_grad = tape.recording() && (x.requires_grad() || w.requires_grad() || bias_grad);
+  if constexpr (has_bias) op.bias = bias->data();
   // force_eager: the GEMM alone, then the bias and the activation as nodes of their own (one
   // kernel each way per node), as an unfused framework runs them (kiln/force_eager.hpp).
-  if constexpr (has_bias || !identity) {
-    if (tape.force_eager()) {
-      Y eager;
-      if (run_eager_form(&linear_eager<Act, Exec, T, W, S, B, I, O, I2, BiasVar>, "ag::linear", tape, x, w, bias,
-                         w_low, eager))
-        return eager;
-    }
-  }
+  if (tape.force_eager() && (has_bias || !identity))
+    run_eager_form(&linear_eager<Act, Exec, T>, "ag::linear", tape, op, y.value().data(), *y.data());
+  else
+    linear_fused<Act>(tape, op, y.value().data(), *y.data());
+  return y;
+}
 
+template <class Act, class Exec, class T>
+void linear_fused(Tape<Exec>& tape, const LinearOperands<T>& op, T* y_values, VarNode& y) {
+  constexpr bool identity = is_identity_act_v<Act>;
   Exec& exec = tape.exec();
-  Y y(typename Y::tensor_type(Shape{m, n}));
-  const bool needs_grad = tape.recording() && (x.requires_grad() || w.requires_grad() || bias_grad);
+  const index_t m = op.m, n = op.n, k = op.k;
+  using State = LinearState<Exec, T, Act>;
   auto state = std::make_shared<State>();
   state->rows = m;
   state->cols = n;
-  state->out = y.value().data();
-  if constexpr (has_bias) state->bias = bias->data();
+  state->out = y_values;
+  state->bias = op.bias;
   // Without a backward to come nothing needs saving; executors then skip the aux write.
-  if (!identity && needs_grad) state->aux = exec.temps().take(exec.template act_aux_bytes<Act, T>(m, n));
-  exec.gemm(false, true, m, n, k, 1.f, x.value().data(), k, w_values, k, 0.f, y.value().data(), n,
-            BiasAct<Act, T>{bias_values, state->aux.get()});
-  if (!needs_grad) return y;
-  y.set_requires_grad(true);
-  LinearBackward<Exec, T, Act, has_bias> backward{x.data(), w.data(), w_values, state, nullptr, m, n, k};
+  if (!identity && op.needs_grad) state->aux = exec.temps().take(exec.template act_aux_bytes<Act, T>(m, n));
+  exec.gemm(false, true, m, n, k, 1.f, op.x_values, k, op.w_values, k, 0.f, y_values, n,
+            BiasAct<Act, T>{op.bias_values, state->aux.get()});
+  if (!op.needs_grad) return;
+  y.requires_grad = true;
+  LinearBackward<Exec, T, Act> backward{op.x, op.w, op.w_values, state, nullptr, m, n, k};
   if constexpr (!identity) {
-    offer_fold<Exec, T>(*y.data(), state);
+    offer_fold<Exec, T>(y, state);
     // In place: a temporary's destructor would close the offer.
     backward.guard = std::make_shared<CloseOfferOnDrop<State>>();
     backward.guard->state = state;
   }
-  std::vector<std::shared_ptr<VarNode>> inputs{x.data(), w.data()};
-  if constexpr (has_bias) inputs.push_back(bias->data());
-  tape.record(y, std::move(inputs),
-              [backward = std::move(backward)](Exec& exec, auto& yd) { backward(exec, yd, yd.grad.data()); });
-  return y;
+  std::vector<std::shared_ptr<VarNode>> inputs{op.x, op.w};
+  if (op.bias) inputs.push_back(op.bias);
+  VarNode* out = &y;  // raw: the step is owned by y, so y outlives it
+  tape.record_node(y, std::move(inputs), [backward = std::move(backward), out](Exec& exec) {
+    backward(exec, *out, static_cast<const T*>(out->grad_data()));
+  });
 }
+
+// The CPU executor's linear ops (fused and force_eager forms) compiled once in kiln::kernels.
+#define KILN_CPU_LINEAR_FORMS(EXTERN, Act, T)                                                                       \
+  EXTERN template void linear_fused<Act, ::kiln::CpuExecutor, T>(Tape<::kiln::CpuExecutor>&, const LinearOperands<T>&, \
+                                                                 T*, VarNode&);                                        \
+  KILN_CPU_LINEAR_EAGER(EXTERN, Act, T)
+#define KILN_CPU_LINEAR_EAGER(EXTERN, Act, T)                                                                       \
+  EXTERN template void linear_eager<Act, ::kiln::CpuExecutor, T>(Tape<::kiln::CpuExecutor>&, const LinearOperands<T>&, \
+                                                                 T*, VarNode&);
+// Those most programs use: kiln's activations in float, the identity and ReLU in bf16 and f16
+// (src/kernels/linear_float.cpp, linear_half.cpp); any other is compiled where it is used.
+#define KILN_CPU_LINEAR_FLOAT(EXTERN)                  \
+  KILN_CPU_LINEAR_FORMS(EXTERN, fn::Identity, float)   \
+  KILN_CPU_LINEAR_FORMS(EXTERN, fn::Relu, float)       \
+  KILN_CPU_LINEAR_FORMS(EXTERN, fn::GeluErf, float)    \
+  KILN_CPU_LINEAR_FORMS(EXTERN, fn::GeluTanh, float)
+#define KILN_CPU_LINEAR_HALF(EXTERN)                   \
+  KILN_CPU_LINEAR_FORMS(EXTERN, fn::Identity, bf16)    \
+  KILN_CPU_LINEAR_FORMS(EXTERN, fn::Relu, bf16)        \
+  KILN_CPU_LINEAR_FORMS(EXTERN, fn::Identity, f16)     \
+  KILN_CPU_LINEAR_FORMS(EXTERN, fn::Relu, f16)
+#if KILN_EXTERN_KERNELS
+KILN_CPU_LINEAR_FLOAT(extern)
+KILN_CPU_LINEAR_HALF(extern)
+#endif
 
 }  // namespace detail
 

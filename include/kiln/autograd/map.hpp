@@ -86,26 +86,30 @@ auto map(Tape<Exec>& tape, X&& x) {
 }
 
 namespace detail {
+// map_expr's body: e's kernel into out_values (e's shape), and its backward recorded on `node`
+// (the result's: it owns the step). Called with the erased form of an expression, it is compiled
+// once per rank and element types, whatever the sizes.
 template <class Exec, class E>
-auto map_expr(Tape<Exec>& tape, const E& e) {
-  using T = typename E::value_type;
-  using Out = var_t<T, typename Exec::space, typename E::extents_type>;
-  Out out(typename Out::tensor_type(e.shape()));
-  assign(out.value(), e, tape.exec());
-
+void map_into(Tape<Exec>& tape, const E& e, VarNode& node, typename E::value_type* out_values) {
+  using Out = View<typename E::value_type, typename Exec::space, kiln::detail::dyn_extents_t<typename E::extents_type>>;
+  assign(Out(out_values, e.shape()), e, tape.exec());
   bool needs_grad = false;
   std::vector<std::shared_ptr<VarNode>> inputs;
   detail::for_each_var(e, [&](const std::shared_ptr<VarNode>& n) {
     needs_grad = needs_grad || n->requires_grad;
     inputs.push_back(n);
   });
-  if (!needs_grad || !tape.recording()) return out;
-  out.set_requires_grad(true);
-  VarNode& node = *out.data();
-  if constexpr (std::is_void_v<erased_expr_t<E>>)
-    tape.record_node(node, std::move(inputs), MapBackwardStep<Exec, E>{e, &node, out.shape()});
-  else  // compiled once per rank and element types, whatever the sizes
-    tape.record_node(node, std::move(inputs), MapBackwardStep<Exec, erased_expr_t<E>>{erase_expr(e), &node, out.shape()});
+  if (!needs_grad || !tape.recording()) return;
+  node.requires_grad = true;
+  tape.record_node(node, std::move(inputs), MapBackwardStep<Exec, E>{e, &node, e.shape()});
+}
+
+template <class Exec, class E>
+auto map_expr(Tape<Exec>& tape, const E& e) {
+  using Out = var_t<typename E::value_type, typename Exec::space, typename E::extents_type>;
+  Out out(typename Out::tensor_type(e.shape()));
+  if constexpr (std::is_void_v<erased_expr_t<E>>) map_into(tape, e, *out.data(), out.value().data());
+  else map_into(tape, erase_expr(e), *out.data(), out.value().data());
   return out;
 }
 }  // namespace detail

@@ -68,6 +68,7 @@ struct VarNode {
   // element type the caller knows: for backward code compiled once for every shape (ag::linear's).
   virtual const void* value_data() const { return nullptr; }
   virtual void* ensure_grad_data() { return nullptr; }
+  virtual const void* grad_data() const { return nullptr; }  // the gradient buffer as it is
   virtual ~VarNode() = default;
 };
 
@@ -100,6 +101,7 @@ struct VarData : VarNode {
   std::string shape_text() const override { return value.shape().str(); }
   const void* value_data() const override { return value.data(); }
   void* ensure_grad_data() override { return ensure_grad(); }
+  const void* grad_data() const override { return grad.data(); }
 };
 
 template <class T, class S, index_t... Dims>

@@ -202,14 +202,19 @@ void loss_rows(Exec& exec, index_t rows, index_t cols, const F& f, const char* n
 }
 
 // The host instances kiln::kernels compiles once (KILN_CPU_ELEMENTS in nn/module.hpp).
-#define KILN_LOSS_KERNELS(EXTERN, T)                                                     \
-  KILN_CPU_ELEMENTS(EXTERN, CrossEntropyRows<T>)                                        \
-  KILN_CPU_ELEMENTS(EXTERN, CrossEntropyBackward<T>)                                     \
-  KILN_CPU_ELEMENTS(EXTERN, NllRows<T>)                                                  \
+// Cross-entropy also from bf16 / f16 logits (mixed precision: its loss and nll_loss's are float).
+#define KILN_CROSS_ENTROPY_KERNELS(EXTERN, T)          \
+  KILN_CPU_ELEMENTS(EXTERN, CrossEntropyRows<T>)      \
+  KILN_CPU_ELEMENTS(EXTERN, CrossEntropyBackward<T>)
+#define KILN_LOSS_KERNELS(EXTERN, T)        \
+  KILN_CROSS_ENTROPY_KERNELS(EXTERN, T)     \
+  KILN_CPU_ELEMENTS(EXTERN, NllRows<T>)     \
   KILN_CPU_ELEMENTS(EXTERN, NllBackward<T>)
 #if KILN_EXTERN_KERNELS
 KILN_LOSS_KERNELS(extern, float)
 KILN_LOSS_KERNELS(extern, double)
+KILN_CROSS_ENTROPY_KERNELS(extern, bf16)
+KILN_CROSS_ENTROPY_KERNELS(extern, f16)
 #endif
 
 template <class I>
@@ -293,6 +298,23 @@ namespace detail {
 template <class Exec, class T, class S, index_t B, index_t C>
 KILN_WEAK ag::Var<compute_t<T>, S> cross_entropy_eager(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
                                                        const std::int32_t* labels, CrossEntropyOptions options);
+
+// cross_entropy's fused body on the logits' node, their sizes at run time: compiled once per
+// executor and element type (for the CPU executor in kiln::kernels, src/kernels/rows.cpp).
+template <class Exec, class T, class S>
+ag::Var<compute_t<T>, S> cross_entropy_fused(ag::Tape<Exec>& tape, const std::shared_ptr<ag::VarNode>& x,
+                                             const T* x_values, const Shape& shape, const std::int32_t* labels,
+                                             CrossEntropyOptions options);
+#define KILN_CPU_CROSS_ENTROPY(EXTERN, T)                                                                  \
+  EXTERN template ag::Var<compute_t<T>, host> cross_entropy_fused<::kiln::CpuExecutor, T, host>(          \
+      ag::Tape<::kiln::CpuExecutor>&, const std::shared_ptr<ag::VarNode>&, const T*, const Shape&,          \
+      const std::int32_t*, CrossEntropyOptions);
+#if KILN_EXTERN_KERNELS
+KILN_CPU_CROSS_ENTROPY(extern, float)
+KILN_CPU_CROSS_ENTROPY(extern, double)
+KILN_CPU_CROSS_ENTROPY(extern, bf16)
+KILN_CPU_CROSS_ENTROPY(extern, f16)
+#endif
 }  // namespace detail
 
 // Cross-entropy of logits [B, C] against integer class labels (B of them, each in [0, C)).
@@ -311,14 +333,24 @@ KILN_WEAK ag::Var<compute_t<T>, S> cross_entropy_eager(ag::Tape<Exec>& tape, con
 template <class Exec, class T, class S, index_t B, index_t C>
 ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
                                        const std::int32_t* labels, CrossEntropyOptions options = {}) {
-  using F = compute_t<T>;
-  const index_t rows = logits.dim(0), cols = logits.dim(1);
   const double eps = options.label_smoothing;
   KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "cross_entropy: label_smoothing must be in [0, 1], got ", eps);
   if (tape.force_eager())
     return kiln::ag::detail::run_eager_form(&detail::cross_entropy_eager<Exec, T, S, B, C>, "nn::cross_entropy", tape,
                                             logits, labels, options);
-  auto saved_labels = detail::saved_labels<Exec, S>(tape.exec(), labels, rows, cols, "cross_entropy", logits.shape());
+  return detail::cross_entropy_fused<Exec, T, S>(tape, logits.data(), logits.value().data(), logits.shape(), labels,
+                                                 options);
+}
+
+namespace detail {
+template <class Exec, class T, class S>
+ag::Var<compute_t<T>, S> cross_entropy_fused(ag::Tape<Exec>& tape, const std::shared_ptr<ag::VarNode>& x,
+                                             const T* x_values, const Shape& shape, const std::int32_t* labels,
+                                             CrossEntropyOptions options) {
+  using F = compute_t<T>;
+  const index_t rows = shape[0], cols = shape[1];
+  const double eps = options.label_smoothing;
+  auto saved_labels = detail::saved_labels<Exec, S>(tape.exec(), labels, rows, cols, "cross_entropy", shape);
   const bool mean = options.reduction == loss_reduction::mean;
   // The mean over no rows is 0 / 0 = NaN, as PyTorch's and mse_loss's (the sum is 0).
   const F scale = mean ? (rows > 0 ? F(1) / F(rows) : std::numeric_limits<F>::quiet_NaN()) : F(1);
@@ -328,28 +360,28 @@ ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S,
   F* LSE = lse->data();
   const std::size_t bytes = std::size_t(rows * cols) * sizeof(T);
   detail::loss_rows(tape.exec(), rows, cols,
-                    detail::CrossEntropyRows<T>{logits.value().data(), saved_labels->data(), LSE, LSE + rows, cols, on,
-                                                F(eps)},
+                    detail::CrossEntropyRows<T>{x_values, saved_labels->data(), LSE, LSE + rows, cols, on, F(eps)},
                     "cross_entropy", bytes);
   ag::Var<F, S> out(Tensor<F, S>{});
   const detail::CrossEntropySum<F> total{LSE + rows, out.value().data(), rows, scale};
   if constexpr (std::is_same_v<S, host>) tape.exec().launch("cross_entropy_sum", [total](std::string_view) { total(0, 0); });
   else detail::launch_lines<false>(tape.exec(), 1, rows, total, "cross_entropy_sum", std::size_t(rows) * sizeof(F), kind::loss);
-  if (!logits.requires_grad() || !tape.recording()) return out;
+  if (!x->requires_grad || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record(out, {logits.data()},
-              [xd = logits.data(), saved_labels, lse, rows, cols, scale, on, off, bytes](Exec& exec, auto& od) {
-    if (!od.grad_valid || !xd->requires_grad) return;
-    const bool add = xd->grad_valid;
-    T* dx = xd->ensure_grad();
+  tape.record(out, {x}, [x, saved_labels, lse, rows, cols, scale, on, off, bytes](Exec& exec, auto& od) {
+    if (!od.grad_valid || !x->requires_grad) return;
+    const bool add = x->grad_valid;
+    T* dx = static_cast<T*>(x->ensure_grad_data());
     detail::launch_elements(exec, rows, cols,
-                            detail::CrossEntropyBackward<T>{dx, xd->value.data(), lse->data(), saved_labels->data(),
-                                                            od.grad.data(), cols, scale, on, off, add},
+                            detail::CrossEntropyBackward<T>{dx, static_cast<const T*>(x->value_data()), lse->data(),
+                                                            saved_labels->data(), od.grad.data(), cols, scale, on, off,
+                                                            add},
                             kind::loss, "cross_entropy_backward", bytes * 2);
-    xd->grad_valid = true;
+    x->grad_valid = true;
   });
   return out;
 }
+}  // namespace detail
 
 // Labels in a tensor of B integers (any rank, row-major) in the logits' space.
 template <class Exec, class T, class S, index_t B, index_t C, class LS, index_t... LD>

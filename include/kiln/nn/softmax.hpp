@@ -132,6 +132,8 @@ struct SoftmaxBackwardRows {
 #if KILN_EXTERN_KERNELS
 KILN_SOFTMAX_KERNELS(extern, float)
 KILN_SOFTMAX_KERNELS(extern, double)
+KILN_SOFTMAX_KERNELS(extern, bf16)  // mixed precision: half inputs, float outputs
+KILN_SOFTMAX_KERNELS(extern, f16)
 #endif
 
 template <bool Log, class Exec, class T, class S, index_t... D>

@@ -41,8 +41,10 @@
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/memory.hpp"
+#include "kiln/io/model_state.hpp"
 #include "kiln/io/safetensors.hpp"
 #include "kiln/io/state_dict.hpp"
+#include "kiln/optim/param.hpp"
 #include "kiln/train/grad_scaler.hpp"
 
 namespace kiln::train {
@@ -90,19 +92,10 @@ std::vector<std::uint8_t> host_bytes(const Tensor& t) {
 }
 
 // The model's state into a writer, under `prefix`-less state_dict names.
+KILN_COMPILED void add_model_state(io::SafetensorsWriter& w, const io::ModelState& state);
 template <class Model>
 void add_model_state(io::SafetensorsWriter& w, const Model& model) {
-  io::for_each_state(model, [&](const std::string& name, auto& item, io::state_kind) {
-    using I = std::remove_cvref_t<decltype(item)>;
-    if constexpr (std::is_same_v<I, std::int64_t>) {
-      const std::int64_t v = item;
-      w.add_values<std::int64_t>(name, {}, {&v, 1});
-    } else {
-      const auto& t = tensor_of_item(item);
-      using T = typename std::remove_cvref_t<decltype(t)>::value_type;
-      w.add(name, dtype_of<T>, dims_of(t.shape()), host_bytes(t));
-    }
-  });
+  add_model_state(w, io::model_state(model));
 }
 
 // A loaded value waiting to be applied (everything is checked before the first one runs).
@@ -110,65 +103,17 @@ using Apply = std::function<void()>;
 
 // Checks every model tensor against the file and queues its copy. strict: the file may hold no
 // other tensors than the model's (and, for a checkpoint, the optimizer's).
+KILN_COMPILED void stage_model_state(const io::SafetensorsFile& file, const io::ModelState& state, bool strict,
+                                     std::vector<Apply>& apply);
 template <class Model>
 void stage_model_state(const io::SafetensorsFile& file, Model& model, bool strict, std::vector<Apply>& apply) {
-  std::map<std::string, bool> used;
-  std::string missing;
-  io::for_each_state(model, [&](const std::string& name, auto& item, io::state_kind) {
-    using I = std::remove_cvref_t<decltype(item)>;
-    const io::TensorInfo* t = file.find(name);
-    if (t == nullptr) {
-      missing += (missing.empty() ? "" : ", ") + name;
-      return;
-    }
-    used[name] = true;
-    if constexpr (std::is_same_v<I, std::int64_t>) {
-      file.check(*t, dtype::i64, {});
-      std::int64_t v = 0;
-      std::memcpy(&v, file.bytes(*t).data(), sizeof v);
-      auto* target = &item;
-      apply.push_back([target, v] { *target = v; });
-    } else {
-      auto& tensor = tensor_of_item(item);
-      using T = typename std::remove_cvref_t<decltype(tensor)>::value_type;
-      using S = typename std::remove_cvref_t<decltype(tensor)>::space;
-      file.check(*t, dtype_of<T>, dims_of(tensor.shape()));
-      const auto bytes = file.bytes(*t);
-      T* dst = tensor.data();
-      apply.push_back([dst, bytes] { memory_traits<S>::copy_from_host(dst, bytes.data(), bytes.size()); });
-    }
-  });
-  if (!missing.empty())
-    file.fail("the model's tensors ", missing, " are not in the file (it holds: ", [&] {
-      std::string have;
-      for (const auto& t : file.tensors()) have += (have.empty() ? "" : ", ") + t.name;
-      return have.empty() ? std::string("no tensors") : have;
-    }(), "); a checkpoint of another model?");
-  if (strict) {
-    std::string extra;
-    for (const auto& t : file.tensors())
-      if (!used.count(t.name) && t.name.rfind(optimizer_prefix, 0) != 0) extra += (extra.empty() ? "" : ", ") + t.name;
-    if (!extra.empty()) file.fail("holds tensors the model does not have: ", extra, "; a checkpoint of another model?");
-  }
+  stage_model_state(file, io::model_state(model), strict, apply);
 }
 
 // The name of each optimizer slot: the state_dict name of the parameter whose values it updates.
-template <class Model, class Optimizer>
-std::vector<std::string> slot_names(const Model& model, const Optimizer& opt) {
-  std::map<const void*, std::string> by_pointer;
-  io::for_each_state(model, [&](const std::string& name, auto& item, io::state_kind kind) {
-    if constexpr (ag::is_var_v<std::remove_cvref_t<decltype(item)>>)
-      if (kind == io::state_kind::parameter) by_pointer[item.value().data()] = name;
-  });
-  std::vector<std::string> out;
-  for (index_t k = 0; k < opt.table().count(); ++k) {
-    auto it = by_pointer.find(opt.table()[k].value);
-    KILN_CHECK(it != by_pointer.end(), ValueError, "checkpoint: optimizer parameter ", k,
-               " is not a parameter of the model (an optimizer over several models needs one checkpoint per model)");
-    out.push_back(it->second);
-  }
-  return out;
-}
+KILN_COMPILED std::vector<std::string> slot_names(const io::ModelState& state, const optim::ParamTable& table);
+// The shape of the model's tensor `name` (a parameter's: its optimizer slots have it).
+KILN_COMPILED std::vector<std::int64_t> shape_of(const io::ModelState& state, const std::string& name);
 
 template <class O>
 const char* optimizer_name() {
@@ -191,18 +136,10 @@ struct MetaReader {
 
 // CRC-32C of the model's state (every tensor of for_each_state, in order, as bytes): two runs
 // that end with the same value ended in the same state, bit for bit.
+KILN_COMPILED std::uint32_t state_checksum(const io::ModelState& state);
 template <class Model>
 std::uint32_t state_checksum(const Model& model) {
-  std::uint32_t crc = 0;
-  io::for_each_state(model, [&](const std::string&, auto& item, io::state_kind) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(item)>, std::int64_t>) {
-      crc = io::crc32c(&item, sizeof item, crc);
-    } else {
-      const auto bytes = detail::host_bytes(detail::tensor_of_item(item));
-      crc = io::crc32c(bytes.data(), bytes.size(), crc);
-    }
-  });
-  return crc;
+  return state_checksum(io::model_state(model));
 }
 
 // ---- weights ---------------------------------------------------------------------------------
@@ -255,21 +192,17 @@ void save_checkpoint(const std::string& path, StepT& step, TrainPosition positio
   io::SafetensorsWriter w;
   w.set_metadata("format", "pt");
   w.set_metadata("kiln.format", checkpoint_format);
-  detail::add_model_state(w, model);
+  const io::ModelState state = io::model_state(model);
+  detail::add_model_state(w, state);
 
-  const auto names = detail::slot_names(model, opt);
   const auto& table = opt.table();
+  const auto names = detail::slot_names(state, table);
   for (const auto& buf : opt.state_buffers()) {
     for (index_t k = 0; k < table.count(); ++k) {
       std::vector<std::uint8_t> bytes(std::size_t(table[k].size) * sizeof(float));
       memory_traits<space>::copy_to_host(bytes.data(), buf.data + table.offset(k), bytes.size());
-      // The parameter's shape, from the model tensor of the same name already in the writer.
-      std::vector<std::int64_t> shape;
-      io::for_each_state(model, [&](const std::string& name, auto& item, io::state_kind) {
-        if constexpr (ag::is_var_v<std::remove_cvref_t<decltype(item)>>)
-          if (name == names[std::size_t(k)]) shape = detail::dims_of(item.value().shape());
-      });
-      w.add(std::string(optimizer_prefix) + buf.name + "." + names[std::size_t(k)], dtype::f32, shape, bytes);
+      w.add(std::string(optimizer_prefix) + buf.name + "." + names[std::size_t(k)], dtype::f32,
+            detail::shape_of(state, names[std::size_t(k)]), bytes);
     }
   }
   const auto counters = opt.param_counters();
@@ -295,12 +228,11 @@ void save_checkpoint(const std::string& path, StepT& step, TrainPosition positio
   meta("scaler.steps", std::to_string(s.steps));
   meta("scaler.skipped", std::to_string(s.skipped));
   meta("scaler.floor_step", std::to_string(s.floor_step));
-  io::for_each_layer(model, [&](const std::string& prefix, auto& layer) {
-    if constexpr (requires { layer.set_rng(std::uint64_t{}, std::uint64_t{}); }) {
-      meta("rng." + prefix + "seed", std::to_string(layer.seed()));
-      meta("rng." + prefix + "offset", std::to_string(layer.offset()));
-    }
-  });
+  for (const auto& rng : state.rngs) {
+    const auto [seed, offset] = rng.get();
+    meta("rng." + rng.prefix + "seed", std::to_string(seed));
+    meta("rng." + rng.prefix + "offset", std::to_string(offset));
+  }
   for (const auto& [k, v] : extra) {
     KILN_CHECK(k.rfind("kiln.", 0) != 0, ValueError, "save_checkpoint: extra metadata key \"", k,
                "\" uses the reserved prefix \"kiln.\"");
@@ -329,10 +261,11 @@ CheckpointInfo load_checkpoint(const std::string& path, StepT& step) {
               detail::optimizer_name<Optimizer>());
 
   std::vector<detail::Apply> apply;
-  detail::stage_model_state(file, model, /*strict=*/true, apply);
+  const io::ModelState state = io::model_state(model);
+  detail::stage_model_state(file, state, /*strict=*/true, apply);
 
-  const auto names = detail::slot_names(model, opt);
   const auto& table = opt.table();
+  const auto names = detail::slot_names(state, table);
   std::vector<std::string> expected;  // every optimizer tensor this optimizer has
   for (const auto& buf : opt.state_buffers()) {
     for (index_t k = 0; k < table.count(); ++k) {
@@ -386,14 +319,11 @@ CheckpointInfo load_checkpoint(const std::string& path, StepT& step) {
   scaler.steps = index_t(meta.integer("kiln.scaler.steps"));
   scaler.skipped = index_t(meta.integer("kiln.scaler.skipped"));
   scaler.floor_step = index_t(meta.integer("kiln.scaler.floor_step"));
-  io::for_each_layer(model, [&](const std::string& prefix, auto& layer) {
-    if constexpr (requires { layer.set_rng(std::uint64_t{}, std::uint64_t{}); }) {
-      const std::uint64_t seed = meta.u64("kiln.rng." + prefix + "seed");
-      const std::uint64_t offset = meta.u64("kiln.rng." + prefix + "offset");
-      auto* target = &layer;
-      apply.push_back([target, seed, offset] { target->set_rng(seed, offset); });
-    }
-  });
+  for (const auto& rng : state.rngs) {
+    const std::uint64_t seed = meta.u64("kiln.rng." + rng.prefix + "seed");
+    const std::uint64_t offset = meta.u64("kiln.rng." + rng.prefix + "offset");
+    apply.push_back([set = rng.set, seed, offset] { set(seed, offset); });
+  }
   if (info.micro_batches != info.optimizer_steps * step.accumulation())
     file.fail(info.micro_batches, " micro-batches are not ", info.optimizer_steps, " optimizer steps of ",
               step.accumulation());

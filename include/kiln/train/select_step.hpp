@@ -8,13 +8,15 @@
 // An AnyStep is a StepBase (kiln/train/step_base.hpp) behind a pointer: the loop, checkpoints
 // and report() that drive it are compiled once, whatever the policy. What is compiled per policy
 // is the Step of that policy: its forward and backward in the precision (shared by policies of
-// one precision) and its stance's optimizer, mode and captures.
+// one precision) and its stance's optimizer, mode and captures. tf32 runs fp32's code (its step
+// is fp32's Step told it is tf32), so fp32 and tf32 compile once between them.
 //
-// The cost is stated: select_step compiles 4 precisions × the (stance, mode) pairs of Combos
-// (every_combo: 6) into the translation unit that calls it. A program that wants them built in
-// parallel gives each precision its own translation unit: a function per precision, declared in
-// a header shared by the program's files and defined in its own .cpp with make_precision_step
-// (examples/train_digits does: four files, two at a time with -j2).
+// The cost is stated: select_step compiles 3 precisions' code (fp32 and tf32, bf16_mixed,
+// fp16_mixed) × the (stance, mode) pairs of Combos (every_combo: 6) into the translation unit
+// that calls it. A program that wants them built in parallel gives each precision its own
+// translation unit: a function per precision, declared in a header shared by the program's files
+// and defined in its own .cpp with make_precision_step (examples/train_digits does: four files,
+// two at a time with -j2).
 #pragma once
 
 #include <memory>
@@ -56,6 +58,18 @@ AnyStep<Model, Optimizer, Exec, Loss> make_step(Model& model, Optimizer& optimiz
 }
 
 namespace detail {
+// The precision whose code a precision's step runs: tf32 is fp32's code with the executor's TF32
+// units allowed (StepBase sets that from the policy's values), so a program that builds both
+// compiles the code once.
+template <class Precision>
+struct code_precision {
+  using type = Precision;
+};
+template <>
+struct code_precision<precision::tf32> {
+  using type = precision::fp32;
+};
+
 template <class... C>
 std::string combo_names(combos<C...>) {
   std::string out;
@@ -92,8 +106,10 @@ AnyStep<Model, Optimizer, Exec, Loss> make_precision_step(std::string_view stanc
   AnyStep<Model, Optimizer, Exec, Loss> out;
   auto one = [&]<class C>(std::type_identity<C>) {
     if (out || stance_name != C::stance::name || mode_name != C::mode::name) return;
-    out = make_step<policy<Precision, typename C::stance, typename C::mode, Fixed...>>(model, optimizer, exec, loss,
-                                                                                       options);
+    using P = policy<Precision, typename C::stance, typename C::mode, Fixed...>;
+    using Code = policy<typename detail::code_precision<Precision>::type, typename C::stance, typename C::mode, Fixed...>;
+    out = std::make_unique<Step<Model, Optimizer, Exec, Code, Loss>>(model, optimizer, exec, policy_info<P, Exec>(), loss,
+                                                                     options);
   };
   [&]<class... C>(combos<C...>) { (one(std::type_identity<C>{}), ...); }(Combos{});
   KILN_CHECK(out != nullptr, ValueError, "stance ", stance_name, " with mode ", mode_name,

@@ -117,7 +117,13 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
   using Input = ag::Var<low_type, space, dyn, Model::in_features>;
 
   Step(Model& model, Optimizer& optimizer, Exec& exec, Policy = {}, Loss loss = {}, StepOptions options = {})
-      : Base(model, optimizer, exec, info, std::move(loss), options), captures_(options.max_captured_shapes) {
+      : Step(model, optimizer, exec, info, std::move(loss), std::move(options)) {}
+  // A step of Policy's code that is another policy of the same code, as `as_policy` says (what
+  // describe(), policy() and the executor's setup follow): select_step runs tf32 through fp32's
+  // code this way (kiln/train/select_step.hpp). requires: as_policy differs from info only in its
+  // precision's name and tf32.
+  Step(Model& model, Optimizer& optimizer, Exec& exec, const PolicyInfo& as_policy, Loss loss, StepOptions options)
+      : Base(model, optimizer, exec, as_policy, std::move(loss), options), captures_(options.max_captured_shapes) {
     if constexpr (mixed) model.template refresh_low_copies<low_type>(exec);
     optimizer.zero_grad(exec, /*set_to_none=*/true);
     if constexpr (autotunes) {
