@@ -257,13 +257,15 @@ std::shared_ptr<Tensor<std::int32_t, S, dyn>> saved_labels(Exec& exec, const std
 // labels, with cross_entropy's options: forward ONE row kernel (and the rows' sum, as
 // cross_entropy), backward ONE kernel. cross_entropy on a force_eager tape is
 // nll_loss(log_softmax(logits)), as an unfused framework runs it.
-template <class Exec, class T, class S, index_t B, index_t C>
-ag::Var<T, S> nll_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logp, const std::int32_t* labels,
-                       CrossEntropyOptions options = {}) {
-  const index_t rows = logp.dim(0), cols = logp.dim(1);
+namespace detail {
+// nll_loss's body on the log-probabilities' node, their shape at run time: compiled once per
+// executor and element type (for the CPU in kiln::kernels).
+template <class Exec, class T, class S>
+ag::Var<T, S> nll_loss_fused(ag::Tape<Exec>& tape, const std::shared_ptr<ag::VarNode>& x, const T* x_values,
+                             const Shape& shape, const std::int32_t* labels, CrossEntropyOptions options) {
+  const index_t rows = shape[0], cols = shape[1];
   const double eps = options.label_smoothing;
-  KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "nll_loss: label_smoothing must be in [0, 1], got ", eps);
-  auto saved = detail::saved_labels<Exec, S>(tape.exec(), labels, rows, cols, "nll_loss", logp.shape());
+  auto saved = detail::saved_labels<Exec, S>(tape.exec(), labels, rows, cols, "nll_loss", shape);
   const bool mean = options.reduction == loss_reduction::mean;
   // The mean over no rows is 0 / 0 = NaN, as PyTorch's (the sum is 0).
   const T scale = mean ? (rows > 0 ? T(1) / T(rows) : std::numeric_limits<T>::quiet_NaN()) : T(1);
@@ -271,32 +273,53 @@ ag::Var<T, S> nll_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logp, co
   auto per_row = std::make_shared<Tensor<T, S, dyn>>(Shape{rows});
   const std::size_t bytes = std::size_t(rows * cols) * sizeof(T);
   detail::loss_rows(tape.exec(), rows, cols,
-                    detail::NllRows<T>{logp.value().data(), saved->data(), per_row->data(), cols, on, T(eps)},
-                    "nll_loss", bytes);
+                    detail::NllRows<T>{x_values, saved->data(), per_row->data(), cols, on, T(eps)}, "nll_loss", bytes);
   ag::Var<T, S> out(Tensor<T, S>{});
   const detail::CrossEntropySum<T> total{per_row->data(), out.value().data(), rows, scale};
   if constexpr (std::is_same_v<S, host>) tape.exec().launch("nll_loss_sum", [total](std::string_view) { total(0, 0); });
   else detail::launch_lines<false>(tape.exec(), 1, rows, total, "nll_loss_sum", std::size_t(rows) * sizeof(T), kind::loss);
-  if (!logp.requires_grad() || !tape.recording()) return out;
+  if (!x->requires_grad || !tape.recording()) return out;
   out.set_requires_grad(true);
-  tape.record(out, {logp.data()}, [xd = logp.data(), saved, rows, cols, scale, on, off, bytes](Exec& exec, auto& od) {
-    if (!od.grad_valid || !xd->requires_grad) return;
-    const bool add = xd->grad_valid;
-    T* dx = xd->ensure_grad();
+  tape.record(out, {x}, [x, saved, rows, cols, scale, on, off, bytes](Exec& exec, auto& od) {
+    if (!od.grad_valid || !x->requires_grad) return;
+    const bool add = x->grad_valid;
+    T* dx = static_cast<T*>(x->ensure_grad_data());
     detail::launch_elements(exec, rows, cols,
                             detail::NllBackward<T>{dx, saved->data(), od.grad.data(), cols, scale, on, off, add},
                             kind::loss, "nll_loss_backward", bytes * 2);
-    xd->grad_valid = true;
+    x->grad_valid = true;
   });
   return out;
+}
+#define KILN_CPU_NLL_LOSS(EXTERN, T)                                                                          \
+  EXTERN template ag::Var<T, host> nll_loss_fused<::kiln::CpuExecutor, T, host>(                             \
+      ag::Tape<::kiln::CpuExecutor>&, const std::shared_ptr<ag::VarNode>&, const T*, const Shape&,             \
+      const std::int32_t*, CrossEntropyOptions);
+#if KILN_EXTERN_KERNELS
+KILN_CPU_NLL_LOSS(extern, float)
+KILN_CPU_NLL_LOSS(extern, double)
+#endif
+}  // namespace detail
+
+// The negative log-likelihood of log-probabilities [B, C] (log_softmax's output) against integer
+// labels, with cross_entropy's options: forward ONE row kernel (and the rows' sum, as
+// cross_entropy), backward ONE kernel. cross_entropy on a force_eager tape is
+// nll_loss(log_softmax(logits)), as an unfused framework runs it.
+template <class Exec, class T, class S, index_t B, index_t C>
+ag::Var<T, S> nll_loss(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logp, const std::int32_t* labels,
+                       CrossEntropyOptions options = {}) {
+  const double eps = options.label_smoothing;
+  KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "nll_loss: label_smoothing must be in [0, 1], got ", eps);
+  return detail::nll_loss_fused<Exec, T, S>(tape, logp.data(), logp.value().data(), logp.shape(), labels, options);
 }
 
 namespace detail {
 // stance::force_eager's form of cross_entropy: nll_loss(log_softmax(logits)), one kernel each way
 // each, as an unfused framework runs it. Defined in kiln/nn/loss_eager.hpp (KILN_WEAK,
 // KILN_FORCE_EAGER_FORMS).
-template <class Exec, class T, class S, index_t B, index_t C>
-KILN_WEAK ag::Var<compute_t<T>, S> cross_entropy_eager(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
+template <class Exec, class T, class S>
+KILN_WEAK ag::Var<compute_t<T>, S> cross_entropy_eager(ag::Tape<Exec>& tape, const std::shared_ptr<ag::VarNode>& x,
+                                                       const T* x_values, const Shape& shape,
                                                        const std::int32_t* labels, CrossEntropyOptions options);
 
 // cross_entropy's fused body on the logits' node, their sizes at run time: compiled once per
@@ -307,6 +330,9 @@ ag::Var<compute_t<T>, S> cross_entropy_fused(ag::Tape<Exec>& tape, const std::sh
                                              CrossEntropyOptions options);
 #define KILN_CPU_CROSS_ENTROPY(EXTERN, T)                                                                  \
   EXTERN template ag::Var<compute_t<T>, host> cross_entropy_fused<::kiln::CpuExecutor, T, host>(          \
+      ag::Tape<::kiln::CpuExecutor>&, const std::shared_ptr<ag::VarNode>&, const T*, const Shape&,          \
+      const std::int32_t*, CrossEntropyOptions);                                                            \
+  EXTERN template ag::Var<compute_t<T>, host> cross_entropy_eager<::kiln::CpuExecutor, T, host>(          \
       ag::Tape<::kiln::CpuExecutor>&, const std::shared_ptr<ag::VarNode>&, const T*, const Shape&,          \
       const std::int32_t*, CrossEntropyOptions);
 #if KILN_EXTERN_KERNELS
@@ -336,8 +362,8 @@ ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S,
   const double eps = options.label_smoothing;
   KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "cross_entropy: label_smoothing must be in [0, 1], got ", eps);
   if (tape.force_eager())
-    return kiln::ag::detail::run_eager_form(&detail::cross_entropy_eager<Exec, T, S, B, C>, "nn::cross_entropy", tape,
-                                            logits, labels, options);
+    return kiln::ag::detail::run_eager_form(&detail::cross_entropy_eager<Exec, T, S>, "nn::cross_entropy", tape,
+                                            logits.data(), logits.value().data(), logits.shape(), labels, options);
   return detail::cross_entropy_fused<Exec, T, S>(tape, logits.data(), logits.value().data(), logits.shape(), labels,
                                                  options);
 }

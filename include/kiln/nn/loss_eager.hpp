@@ -10,10 +10,15 @@
 
 namespace kiln::nn::detail {
 
-template <class Exec, class T, class S, index_t B, index_t C>
-ag::Var<compute_t<T>, S> cross_entropy_eager(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,
-                                             const std::int32_t* labels, CrossEntropyOptions options) {
-  return nll_loss(tape, log_softmax(tape, logits), labels, options);
+// On the logits' node, their shape at run time: compiled once per executor and element type.
+template <class Exec, class T, class S>
+ag::Var<compute_t<T>, S> cross_entropy_eager(ag::Tape<Exec>& tape, const std::shared_ptr<ag::VarNode>& x,
+                                             const T* x_values, const Shape& shape, const std::int32_t* labels,
+                                             CrossEntropyOptions options) {
+  using LogP = ag::Var<compute_t<T>, S, dyn, dyn>;
+  LogP logp{typename LogP::tensor_type(shape)};
+  softmax_into<true, Exec, T>(tape, x, x_values, shape, logp.value().data(), *logp.data());
+  return nll_loss_fused<Exec, compute_t<T>, S>(tape, logp.data(), logp.value().data(), shape, labels, options);
 }
 
 }  // namespace kiln::nn::detail

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <type_traits>
 
 #include "kiln/expr/math.hpp"
@@ -136,25 +137,49 @@ KILN_SOFTMAX_KERNELS(extern, bf16)  // mixed precision: half inputs, float outpu
 KILN_SOFTMAX_KERNELS(extern, f16)
 #endif
 
+// softmax_op's body on x's node, its shape at run time: the rows into out_values (x's shape, in
+// compute_t<T>) and the backward recorded on `out` (the result's node). Compiled once per
+// executor, element type and Log, whatever the sizes (for the CPU in kiln::kernels).
+template <bool Log, class Exec, class T>
+void softmax_into(ag::Tape<Exec>& tape, const std::shared_ptr<ag::VarNode>& x, const T* x_values, const Shape& s,
+                  compute_t<T>* out_values, ag::VarNode& out) {
+  const index_t rows = s.rows(), cols = s.cols();
+  const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
+  launch_lines<false>(tape.exec(), rows, cols, SoftmaxRows<Log, T>{x_values, out_values, cols},
+                      Log ? "log_softmax" : "softmax", bytes);
+  if (!x->requires_grad || !tape.recording()) return;
+  out.requires_grad = true;
+  ag::VarNode* od = &out;  // raw: the step is owned by out, so out outlives it
+  tape.record_node(out, {x}, [x, od, rows, cols, bytes](Exec& exec) {
+    if (!od->grad_valid || !x->requires_grad) return;
+    const bool add = x->grad_valid;
+    T* dx = static_cast<T*>(x->ensure_grad_data());
+    launch_lines<false>(exec, rows, cols,
+                        SoftmaxBackwardRows<Log, T>{dx, static_cast<const compute_t<T>*>(od->grad_data()),
+                                                    static_cast<const compute_t<T>*>(od->value_data()), cols, add},
+                        Log ? "log_softmax_backward" : "softmax_backward", bytes * 2);
+    x->grad_valid = true;
+  });
+}
+#define KILN_CPU_SOFTMAX(EXTERN, T)                                                                          \
+  EXTERN template void softmax_into<true, ::kiln::CpuExecutor, T>(                                          \
+      ag::Tape<::kiln::CpuExecutor>&, const std::shared_ptr<ag::VarNode>&, const T*, const Shape&, compute_t<T>*, \
+      ag::VarNode&);                                                                                         \
+  EXTERN template void softmax_into<false, ::kiln::CpuExecutor, T>(                                         \
+      ag::Tape<::kiln::CpuExecutor>&, const std::shared_ptr<ag::VarNode>&, const T*, const Shape&, compute_t<T>*, \
+      ag::VarNode&);
+#if KILN_EXTERN_KERNELS
+KILN_CPU_SOFTMAX(extern, float)
+KILN_CPU_SOFTMAX(extern, double)
+KILN_CPU_SOFTMAX(extern, bf16)
+KILN_CPU_SOFTMAX(extern, f16)
+#endif
+
 template <bool Log, class Exec, class T, class S, index_t... D>
 ag::Var<compute_t<T>, S, D...> softmax_op(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x) {
   using V = ag::Var<compute_t<T>, S, D...>;
-  const Shape s = x.shape();
-  const index_t rows = s.rows(), cols = s.cols();
-  V out{typename V::tensor_type(s)};
-  const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
-  launch_lines<false>(tape.exec(), rows, cols, SoftmaxRows<Log, T>{x.value().data(), out.value().data(), cols},
-               Log ? "log_softmax" : "softmax", bytes);
-  if (!x.requires_grad() || !tape.recording()) return out;
-  out.set_requires_grad(true);
-  tape.record(out, {x.data()}, [xd = x.data(), rows, cols, bytes](Exec& exec, auto& od) {
-    if (!od.grad_valid || !xd->requires_grad) return;
-    const bool add = xd->grad_valid;
-    T* dx = xd->ensure_grad();
-    launch_lines<false>(exec, rows, cols, SoftmaxBackwardRows<Log, T>{dx, od.grad.data(), od.value.data(), cols, add},
-                 Log ? "log_softmax_backward" : "softmax_backward", bytes * 2);
-    xd->grad_valid = true;
-  });
+  V out{typename V::tensor_type(x.shape())};
+  softmax_into<Log, Exec, T>(tape, x.data(), x.value().data(), x.shape(), out.value().data(), *out.data());
   return out;
 }
 }  // namespace detail
