@@ -70,9 +70,6 @@ inline constexpr const char* optimizer_prefix = "optimizer.";
 
 namespace detail {
 
-template <class T>
-inline constexpr bool is_tensor_item = !ag::is_var_v<T> && !std::is_same_v<T, std::int64_t>;
-
 template <class Item>
 auto& tensor_of_item(Item& item) {
   if constexpr (ag::is_var_v<std::remove_cvref_t<Item>>) return item.value();
@@ -197,12 +194,14 @@ void save_checkpoint(const std::string& path, StepT& step, TrainPosition positio
 
   const auto& table = opt.table();
   const auto names = detail::slot_names(state, table);
+  std::vector<std::vector<std::int64_t>> shapes;  // each slot's: its parameter's
+  for (const auto& name : names) shapes.push_back(detail::shape_of(state, name));
   for (const auto& buf : opt.state_buffers()) {
     for (index_t k = 0; k < table.count(); ++k) {
       std::vector<std::uint8_t> bytes(std::size_t(table[k].size) * sizeof(float));
       memory_traits<space>::copy_to_host(bytes.data(), buf.data + table.offset(k), bytes.size());
       w.add(std::string(optimizer_prefix) + buf.name + "." + names[std::size_t(k)], dtype::f32,
-            detail::shape_of(state, names[std::size_t(k)]), bytes);
+            shapes[std::size_t(k)], bytes);
     }
   }
   const auto counters = opt.param_counters();
