@@ -49,6 +49,8 @@ TEST_CASE("select_step: a step chosen by name trains as the typed Step of that p
     CAPTURE(c.stance);
     CAPTURE(c.mode);
     std::vector<float> chosen, typed;
+    index_t chosen_launches = 0, typed_launches = 0;
+    std::string chosen_report, typed_report;
     {
       CpuExecutor exec(1);
       Mlp model(5);
@@ -63,6 +65,8 @@ TEST_CASE("select_step: a step chosen by name trains as the typed Step of that p
       CHECK(step->mode_report().find(std::string("mode ") + c.mode) == 0);
       chosen = train_six(*step);
       CHECK(step->optimizer_steps() == 3);
+      chosen_launches = step->predicted_launches();
+      chosen_report = step->mode_report();
     }
     {
       CpuExecutor exec(1);
@@ -71,6 +75,8 @@ TEST_CASE("select_step: a step chosen by name trains as the typed Step of that p
       auto run = [&]<class Policy>() {
         train::Step step(model, opt, exec, Policy{}, {}, {.accumulate = 2, .autotune = {.use_cache = false}});
         typed = train_six(step);
+        typed_launches = step.predicted_launches();
+        typed_report = step.mode_report();
       };
       const std::string p = c.precision, s = c.stance, m = c.mode;
       if (p == "fp32") run.operator()<policy<accumulate<dyn>>>();
@@ -79,7 +85,34 @@ TEST_CASE("select_step: a step chosen by name trains as the typed Step of that p
       else run.operator()<policy<precision::tf32, mode::max_autotune, accumulate<dyn>>>();
     }
     CHECK(chosen == typed);
+    // One Step type runs all four pairs (stance and mode at run time): its counts and its
+    // report are still the typed policy's.
+    CHECK(chosen_launches == typed_launches);
+    if (std::string(c.mode) != "max_autotune") CHECK(chosen_report == typed_report);  // the tuner's report has timings
   }
+}
+
+TEST_CASE("select_step: the recompile stances, chosen by name, meet a new batch shape as their typed Steps do") {
+  auto steps_of = [](const char* stance, std::vector<index_t> rows) {
+    CpuExecutor exec(1);
+    Mlp model(5);
+    optim::AdamW opt(model, {.lr = 1e-2});
+    auto step = train::select_step<train::every_combo>("fp32", stance, "reduce_overhead", model, opt, exec);
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      OwnedBatch b = random_batch(rows[k], 40 + std::uint64_t(k));
+      (*step)(b.batch());
+    }
+    return step->mode_report();
+  };
+  // eager_on_recompile: the first shape captured and replayed, the second through the tape.
+  const std::string eager = steps_of("eager_on_recompile", {5, 5, 5, 3, 3});
+  CHECK(eager.find("captured shapes [5, 12]") != std::string::npos);
+  CHECK(eager.find("2 through the tape") != std::string::npos);
+  // fail_on_recompile: the second shape is an error naming it.
+  CHECK_THROWS_WITH_AS(steps_of("fail_on_recompile", {5, 5, 3}), doctest::Contains("fail_on_recompile met batch shape [3, 12]"),
+                       ValueError);
+  // fused: both shapes captured.
+  CHECK(steps_of("fused", {5, 5, 3, 3}).find("captured shapes [5, 12], [3, 12]") != std::string::npos);
 }
 
 TEST_CASE("select_step: a name nothing selects is a ValueError naming it and what is built") {
