@@ -172,6 +172,66 @@ void load_weights(const std::string& path, Model& model, LoadOptions options = {
 
 // ---- whole training state --------------------------------------------------------------------
 
+namespace detail {
+
+// A step as its checkpoint sees it, untyped: write_checkpoint and read_checkpoint take it, so a
+// checkpoint's writing and reading are compiled once (checkpoint_bodies.hpp) and save_checkpoint
+// and load_checkpoint below only fill it in.
+struct CheckpointedStep {
+  io::ModelState model;
+  const optim::ParamTable* table = nullptr;
+  std::vector<optim::StateBuffer> buffers;  // the optimizer's, in the model's memory space
+  const char* optimizer = "optimizer";      // optimizer_name<O>()
+  const char* counter_name = "step";        // O::counter_name
+  void (*copy_to_host)(void* dst, const void* src, std::size_t bytes) = nullptr;
+  void (*copy_from_host)(void* dst, const void* src, std::size_t bytes) = nullptr;
+  index_t accumulation = 1;
+  bool scaler_enabled = false;
+};
+
+// The step's values a checkpoint holds besides its tensors.
+struct CheckpointValues {
+  std::vector<index_t> counters;  // the optimizer's per-parameter step counters
+  index_t optimizer_counter = 0;  // the optimizer's own step count
+  double lr = 0;
+  const char* precision = "fp32";
+  index_t micro_batches = 0, optimizer_steps = 0;
+  ScalerState scaler{};
+};
+
+template <class StepT>
+CheckpointedStep checkpointed(StepT& step) {
+  auto& opt = step.optimizer();
+  using Optimizer = std::remove_cvref_t<decltype(opt)>;
+  using space = typename std::remove_cvref_t<decltype(step.model())>::space;
+  return {.model = io::model_state(step.model()),
+          .table = &opt.table(),
+          .buffers = opt.state_buffers(),
+          .optimizer = optimizer_name<Optimizer>(),
+          .counter_name = Optimizer::counter_name,
+          .copy_to_host = &memory_traits<space>::copy_to_host,
+          .copy_from_host = &memory_traits<space>::copy_from_host,
+          .accumulation = step.accumulation(),
+          .scaler_enabled = step.scaler().enabled()};
+}
+
+// The file at `path` (atomically replaced) holding the step's tensors, its values, the loader's
+// position and the caller's metadata.
+KILN_COMPILED void write_checkpoint(const std::string& path, const CheckpointedStep& step,
+                                    const CheckpointValues& values, TrainPosition position,
+                                    const std::map<std::string, std::string>& extra);
+
+// A checkpoint read and checked against the step, not yet applied: `apply` copies the model's and
+// the optimizer's tensors in and sets the random generators; `values` are the step's.
+struct ReadCheckpoint {
+  CheckpointInfo info;
+  std::vector<Apply> apply;
+  CheckpointValues values;
+};
+KILN_COMPILED ReadCheckpoint read_checkpoint(const std::string& path, const CheckpointedStep& step);
+
+}  // namespace detail
+
 // Writes a checkpoint of a train::Step (its model, optimizer, loss scaler and counts) and the
 // loader's position; `extra` adds metadata of the caller's (keys must not start with "kiln.").
 // throws: ValueError when the step is inside an accumulation (take it after an optimizer step);
@@ -179,65 +239,16 @@ void load_weights(const std::string& path, Model& model, LoadOptions options = {
 template <class StepT>
 void save_checkpoint(const std::string& path, StepT& step, TrainPosition position,
                      const std::map<std::string, std::string>& extra = {}) {
-  KILN_CHECK(step.at_step_boundary(), ValueError, "save_checkpoint: the step is inside an accumulation (",
-             step.micro_batches() % step.accumulation(), " of ", step.accumulation(),
-             " micro-batches); save right after an optimizer step");
-  auto& model = step.model();
-  auto& opt = step.optimizer();
-  using Optimizer = std::remove_cvref_t<decltype(opt)>;
-  using space = typename std::remove_cvref_t<decltype(model)>::space;
-  io::SafetensorsWriter w;
-  w.set_metadata("format", "pt");
-  w.set_metadata("kiln.format", checkpoint_format);
-  const io::ModelState state = io::model_state(model);
-  detail::add_model_state(w, state);
-
-  const auto& table = opt.table();
-  const auto names = detail::slot_names(state, table);
-  std::vector<std::vector<std::int64_t>> shapes;  // each slot's: its parameter's
-  for (const auto& name : names) shapes.push_back(detail::shape_of(state, name));
-  for (const auto& buf : opt.state_buffers()) {
-    for (index_t k = 0; k < table.count(); ++k) {
-      std::vector<std::uint8_t> bytes(std::size_t(table[k].size) * sizeof(float));
-      memory_traits<space>::copy_to_host(bytes.data(), buf.data + table.offset(k), bytes.size());
-      w.add(std::string(optimizer_prefix) + buf.name + "." + names[std::size_t(k)], dtype::f32,
-            shapes[std::size_t(k)], bytes);
-    }
-  }
-  const auto counters = opt.param_counters();
-  for (index_t k = 0; k < table.count(); ++k) {
-    const std::int64_t v = counters[std::size_t(k)];
-    w.add_values<std::int64_t>(std::string(optimizer_prefix) + Optimizer::counter_name + "." + names[std::size_t(k)], {},
-                               {&v, 1});
-  }
-  auto meta = [&](const std::string& key, const std::string& value) { w.set_metadata("kiln." + key, value); };
-  meta("optimizer", detail::optimizer_name<Optimizer>());
-  meta("optimizer.steps", std::to_string(opt.steps()));
-  meta("optimizer.lr", detail::number_text(opt.lr()));
-  meta("precision", step.policy().precision);
-  meta("accumulate", std::to_string(step.accumulation()));
-  meta("micro_batches", std::to_string(step.micro_batches()));
-  meta("optimizer_steps", std::to_string(step.optimizer_steps()));
-  meta("epoch", std::to_string(position.epoch));
-  meta("batch", std::to_string(position.batch));
-  const auto s = step.scaler().state();
-  meta("scaler.enabled", step.scaler().enabled() ? "1" : "0");
-  meta("scaler.scale", detail::number_text(s.scale));
-  meta("scaler.growth_tracker", std::to_string(s.growth_tracker));
-  meta("scaler.steps", std::to_string(s.steps));
-  meta("scaler.skipped", std::to_string(s.skipped));
-  meta("scaler.floor_step", std::to_string(s.floor_step));
-  for (const auto& rng : state.rngs) {
-    const auto [seed, offset] = rng.get();
-    meta("rng." + rng.prefix + "seed", std::to_string(seed));
-    meta("rng." + rng.prefix + "offset", std::to_string(offset));
-  }
-  for (const auto& [k, v] : extra) {
-    KILN_CHECK(k.rfind("kiln.", 0) != 0, ValueError, "save_checkpoint: extra metadata key \"", k,
-               "\" uses the reserved prefix \"kiln.\"");
-    w.set_metadata(k, v);
-  }
-  w.write(path);
+  const auto& opt = step.optimizer();
+  detail::write_checkpoint(path, detail::checkpointed(step),
+                           {.counters = opt.param_counters(),
+                            .optimizer_counter = opt.steps(),
+                            .lr = opt.lr(),
+                            .precision = step.policy().precision,
+                            .micro_batches = step.micro_batches(),
+                            .optimizer_steps = step.optimizer_steps(),
+                            .scaler = step.scaler().state()},
+                           position, extra);
 }
 
 // Restores a checkpoint written by save_checkpoint into a step built like the saved one (same
@@ -246,96 +257,16 @@ void save_checkpoint(const std::string& path, StepT& step, TrainPosition positio
 //   model, another optimizer); nothing is changed then.
 template <class StepT>
 CheckpointInfo load_checkpoint(const std::string& path, StepT& step) {
-  const auto file = io::SafetensorsFile::open(path);
-  if (!file.has_checksum()) file.fail("has no kiln checksum (", io::checksum_key, "): not a kiln checkpoint");
-  const detail::MetaReader meta{file};
-  if (meta.text("kiln.format") != checkpoint_format)
-    file.fail("kiln.format is \"", meta.text("kiln.format"), "\", this kiln reads \"", checkpoint_format, "\"");
-  auto& model = step.model();
-  auto& opt = step.optimizer();
-  using Optimizer = std::remove_cvref_t<decltype(opt)>;
-  using space = typename std::remove_cvref_t<decltype(model)>::space;
-  if (meta.text("kiln.optimizer") != detail::optimizer_name<Optimizer>())
-    file.fail("was written with optimizer ", meta.text("kiln.optimizer"), ", this run uses ",
-              detail::optimizer_name<Optimizer>());
-
-  std::vector<detail::Apply> apply;
-  const io::ModelState state = io::model_state(model);
-  detail::stage_model_state(file, state, /*strict=*/true, apply);
-
-  const auto& table = opt.table();
-  const auto names = detail::slot_names(state, table);
-  std::vector<std::string> expected;  // every optimizer tensor this optimizer has
-  for (const auto& buf : opt.state_buffers()) {
-    for (index_t k = 0; k < table.count(); ++k) {
-      const std::string name = std::string(optimizer_prefix) + buf.name + "." + names[std::size_t(k)];
-      expected.push_back(name);
-      const io::TensorInfo& t = file.info(name);
-      if (t.dtype != "F32") file.fail("tensor \"", name, "\": expected dtype F32, found ", t.dtype);
-      if (t.elements() != std::size_t(table[k].size))
-        file.fail("tensor \"", name, "\": expected ", table[k].size, " values (the parameter's), found ",
-                  io::shape_text(t.shape));
-      const auto bytes = file.bytes(t);
-      float* dst = buf.data + table.offset(k);
-      apply.push_back([dst, bytes] { memory_traits<space>::copy_from_host(dst, bytes.data(), bytes.size()); });
-    }
-  }
-  std::vector<index_t> counters;
-  for (index_t k = 0; k < table.count(); ++k) {
-    const std::string name = std::string(optimizer_prefix) + Optimizer::counter_name + "." + names[std::size_t(k)];
-    expected.push_back(name);
-    std::int64_t v = 0;
-    file.read(name, dtype::i64, {}, &v);
-    if (v < 0) file.fail("tensor \"", name, "\" = ", v, " is negative");
-    counters.push_back(index_t(v));
-  }
-  for (const auto& t : file.tensors())
-    if (t.name.rfind(optimizer_prefix, 0) == 0 &&
-        std::find(expected.begin(), expected.end(), t.name) == expected.end())
-      file.fail("holds optimizer state \"", t.name, "\" that this ", detail::optimizer_name<Optimizer>(),
-                " does not have (other options, e.g. amsgrad or momentum, or frozen parameters?)");
-
-  const std::int64_t opt_steps = meta.integer("kiln.optimizer.steps");
-  const double lr = meta.real("kiln.optimizer.lr");
-  CheckpointInfo info;
-  info.path = path;
-  info.micro_batches = index_t(meta.integer("kiln.micro_batches"));
-  info.optimizer_steps = index_t(meta.integer("kiln.optimizer_steps"));
-  info.position = {index_t(meta.integer("kiln.epoch")), index_t(meta.integer("kiln.batch"))};
-  if (info.position.epoch < 0 || info.position.batch < 0)
-    file.fail("the loader position (epoch ", info.position.epoch, ", batch ", info.position.batch, ") is negative");
-  const std::int64_t accumulate = meta.integer("kiln.accumulate");
-  if (accumulate != step.accumulation())
-    file.fail("was written with ", accumulate, " micro-batches per optimizer step, this run uses ",
-              step.accumulation());
-  const bool scaler_on = meta.integer("kiln.scaler.enabled") != 0;
-  if (scaler_on != step.scaler().enabled())
-    file.fail("was written with loss scaling ", scaler_on ? "on" : "off", ", this run has it ",
-              step.scaler().enabled() ? "on" : "off", " (another --precision?)");
-  detail::ScalerState scaler{};
-  scaler.scale = float(meta.real("kiln.scaler.scale"));
-  scaler.growth_tracker = index_t(meta.integer("kiln.scaler.growth_tracker"));
-  scaler.steps = index_t(meta.integer("kiln.scaler.steps"));
-  scaler.skipped = index_t(meta.integer("kiln.scaler.skipped"));
-  scaler.floor_step = index_t(meta.integer("kiln.scaler.floor_step"));
-  for (const auto& rng : state.rngs) {
-    const std::uint64_t seed = meta.u64("kiln.rng." + rng.prefix + "seed");
-    const std::uint64_t offset = meta.u64("kiln.rng." + rng.prefix + "offset");
-    apply.push_back([set = rng.set, seed, offset] { set(seed, offset); });
-  }
-  if (info.micro_batches != info.optimizer_steps * step.accumulation())
-    file.fail(info.micro_batches, " micro-batches are not ", info.optimizer_steps, " optimizer steps of ",
-              step.accumulation());
-  info.metadata = file.metadata();
-
+  detail::ReadCheckpoint read = detail::read_checkpoint(path, detail::checkpointed(step));
   // Everything checked: apply.
-  for (auto& a : apply) a();
-  opt.set_param_counters(counters);
-  opt.set_steps(index_t(opt_steps));
-  opt.set_lr(lr);
-  if (scaler_on) step.scaler().load_state(scaler);
-  step.resume_at(info.micro_batches, info.optimizer_steps);
-  return info;
+  for (auto& a : read.apply) a();
+  auto& opt = step.optimizer();
+  opt.set_param_counters(read.values.counters);
+  opt.set_steps(read.values.optimizer_counter);
+  opt.set_lr(read.values.lr);
+  if (step.scaler().enabled()) step.scaler().load_state(read.values.scaler);
+  step.resume_at(read.info.micro_batches, read.info.optimizer_steps);
+  return std::move(read.info);
 }
 
 }  // namespace kiln::train

@@ -3,6 +3,7 @@
 // kiln/config.hpp).
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -111,6 +112,141 @@ KILN_COMPILED double MetaReader::real(const std::string& key) const {
   const double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end != s.c_str() + s.size()) file.fail("metadata \"", key, "\" = \"", s, "\" is not a number");
   return v;
+}
+
+KILN_COMPILED void write_checkpoint(const std::string& path, const CheckpointedStep& step,
+                                    const CheckpointValues& values, TrainPosition position,
+                                    const std::map<std::string, std::string>& extra) {
+  KILN_CHECK(values.micro_batches % step.accumulation == 0, ValueError,
+             "save_checkpoint: the step is inside an accumulation (", values.micro_batches % step.accumulation, " of ",
+             step.accumulation, " micro-batches); save right after an optimizer step");
+  io::SafetensorsWriter w;
+  w.set_metadata("format", "pt");
+  w.set_metadata("kiln.format", checkpoint_format);
+  add_model_state(w, step.model);
+
+  const optim::ParamTable& table = *step.table;
+  const auto names = slot_names(step.model, table);
+  std::vector<std::vector<std::int64_t>> shapes;  // each slot's: its parameter's
+  for (const auto& name : names) shapes.push_back(shape_of(step.model, name));
+  for (const auto& buf : step.buffers) {
+    for (index_t k = 0; k < table.count(); ++k) {
+      std::vector<std::uint8_t> bytes(std::size_t(table[k].size) * sizeof(float));
+      step.copy_to_host(bytes.data(), buf.data + table.offset(k), bytes.size());
+      w.add(std::string(optimizer_prefix) + buf.name + "." + names[std::size_t(k)], dtype::f32,
+            shapes[std::size_t(k)], bytes);
+    }
+  }
+  for (index_t k = 0; k < table.count(); ++k) {
+    const std::int64_t v = values.counters[std::size_t(k)];
+    w.add_values<std::int64_t>(std::string(optimizer_prefix) + step.counter_name + "." + names[std::size_t(k)], {},
+                               {&v, 1});
+  }
+  auto meta = [&](const std::string& key, const std::string& value) { w.set_metadata("kiln." + key, value); };
+  meta("optimizer", step.optimizer);
+  meta("optimizer.steps", std::to_string(values.optimizer_counter));
+  meta("optimizer.lr", number_text(values.lr));
+  meta("precision", values.precision);
+  meta("accumulate", std::to_string(step.accumulation));
+  meta("micro_batches", std::to_string(values.micro_batches));
+  meta("optimizer_steps", std::to_string(values.optimizer_steps));
+  meta("epoch", std::to_string(position.epoch));
+  meta("batch", std::to_string(position.batch));
+  const ScalerState& s = values.scaler;
+  meta("scaler.enabled", step.scaler_enabled ? "1" : "0");
+  meta("scaler.scale", number_text(s.scale));
+  meta("scaler.growth_tracker", std::to_string(s.growth_tracker));
+  meta("scaler.steps", std::to_string(s.steps));
+  meta("scaler.skipped", std::to_string(s.skipped));
+  meta("scaler.floor_step", std::to_string(s.floor_step));
+  for (const auto& rng : step.model.rngs) {
+    const auto [seed, offset] = rng.get();
+    meta("rng." + rng.prefix + "seed", std::to_string(seed));
+    meta("rng." + rng.prefix + "offset", std::to_string(offset));
+  }
+  for (const auto& [k, v] : extra) {
+    KILN_CHECK(k.rfind("kiln.", 0) != 0, ValueError, "save_checkpoint: extra metadata key \"", k,
+               "\" uses the reserved prefix \"kiln.\"");
+    w.set_metadata(k, v);
+  }
+  w.write(path);
+}
+
+KILN_COMPILED ReadCheckpoint read_checkpoint(const std::string& path, const CheckpointedStep& step) {
+  const auto file = io::SafetensorsFile::open(path);
+  if (!file.has_checksum()) file.fail("has no kiln checksum (", io::checksum_key, "): not a kiln checkpoint");
+  const MetaReader meta{file};
+  if (meta.text("kiln.format") != checkpoint_format)
+    file.fail("kiln.format is \"", meta.text("kiln.format"), "\", this kiln reads \"", checkpoint_format, "\"");
+  if (meta.text("kiln.optimizer") != step.optimizer)
+    file.fail("was written with optimizer ", meta.text("kiln.optimizer"), ", this run uses ", step.optimizer);
+
+  ReadCheckpoint out;
+  stage_model_state(file, step.model, /*strict=*/true, out.apply);
+
+  const optim::ParamTable& table = *step.table;
+  const auto names = slot_names(step.model, table);
+  std::vector<std::string> expected;  // every optimizer tensor this optimizer has
+  for (const auto& buf : step.buffers) {
+    for (index_t k = 0; k < table.count(); ++k) {
+      const std::string name = std::string(optimizer_prefix) + buf.name + "." + names[std::size_t(k)];
+      expected.push_back(name);
+      const io::TensorInfo& t = file.info(name);
+      if (t.dtype != "F32") file.fail("tensor \"", name, "\": expected dtype F32, found ", t.dtype);
+      if (t.elements() != std::size_t(table[k].size))
+        file.fail("tensor \"", name, "\": expected ", table[k].size, " values (the parameter's), found ",
+                  io::shape_text(t.shape));
+      const auto bytes = file.bytes(t);
+      float* dst = buf.data + table.offset(k);
+      out.apply.push_back([dst, bytes, copy = step.copy_from_host] { copy(dst, bytes.data(), bytes.size()); });
+    }
+  }
+  CheckpointValues& v = out.values;
+  for (index_t k = 0; k < table.count(); ++k) {
+    const std::string name = std::string(optimizer_prefix) + step.counter_name + "." + names[std::size_t(k)];
+    expected.push_back(name);
+    std::int64_t c = 0;
+    file.read(name, dtype::i64, {}, &c);
+    if (c < 0) file.fail("tensor \"", name, "\" = ", c, " is negative");
+    v.counters.push_back(index_t(c));
+  }
+  for (const auto& t : file.tensors())
+    if (t.name.rfind(optimizer_prefix, 0) == 0 &&
+        std::find(expected.begin(), expected.end(), t.name) == expected.end())
+      file.fail("holds optimizer state \"", t.name, "\" that this ", step.optimizer,
+                " does not have (other options, e.g. amsgrad or momentum, or frozen parameters?)");
+
+  v.optimizer_counter = index_t(meta.integer("kiln.optimizer.steps"));
+  v.lr = meta.real("kiln.optimizer.lr");
+  CheckpointInfo& info = out.info;
+  info.path = path;
+  info.micro_batches = index_t(meta.integer("kiln.micro_batches"));
+  info.optimizer_steps = index_t(meta.integer("kiln.optimizer_steps"));
+  info.position = {index_t(meta.integer("kiln.epoch")), index_t(meta.integer("kiln.batch"))};
+  if (info.position.epoch < 0 || info.position.batch < 0)
+    file.fail("the loader position (epoch ", info.position.epoch, ", batch ", info.position.batch, ") is negative");
+  const std::int64_t accumulate = meta.integer("kiln.accumulate");
+  if (accumulate != step.accumulation)
+    file.fail("was written with ", accumulate, " micro-batches per optimizer step, this run uses ", step.accumulation);
+  const bool scaler_on = meta.integer("kiln.scaler.enabled") != 0;
+  if (scaler_on != step.scaler_enabled)
+    file.fail("was written with loss scaling ", scaler_on ? "on" : "off", ", this run has it ",
+              step.scaler_enabled ? "on" : "off", " (another --precision?)");
+  v.scaler.scale = float(meta.real("kiln.scaler.scale"));
+  v.scaler.growth_tracker = index_t(meta.integer("kiln.scaler.growth_tracker"));
+  v.scaler.steps = index_t(meta.integer("kiln.scaler.steps"));
+  v.scaler.skipped = index_t(meta.integer("kiln.scaler.skipped"));
+  v.scaler.floor_step = index_t(meta.integer("kiln.scaler.floor_step"));
+  for (const auto& rng : step.model.rngs) {
+    const std::uint64_t seed = meta.u64("kiln.rng." + rng.prefix + "seed");
+    const std::uint64_t offset = meta.u64("kiln.rng." + rng.prefix + "offset");
+    out.apply.push_back([set = rng.set, seed, offset] { set(seed, offset); });
+  }
+  if (info.micro_batches != info.optimizer_steps * step.accumulation)
+    file.fail(info.micro_batches, " micro-batches are not ", info.optimizer_steps, " optimizer steps of ",
+              step.accumulation);
+  info.metadata = file.metadata();
+  return out;
 }
 
 }  // namespace kiln::train::detail
