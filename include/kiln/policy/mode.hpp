@@ -31,8 +31,17 @@ struct max_autotune {
   static constexpr bool autotunes = true;
 };
 
+// Any of the three, chosen when the step is made (kiln::train::select_step's steps): one Step
+// type has the capture and the tuner code and runs what its PolicyInfo says. Not a mode a user
+// names.
+struct at_run_time {
+  static constexpr const char* name = "at_run_time";
+  static constexpr bool captures = true;
+  static constexpr bool autotunes = true;
+};
+
 template <class M>
-inline constexpr bool is_mode_v =
-    std::is_same_v<M, default_> || std::is_same_v<M, reduce_overhead> || std::is_same_v<M, max_autotune>;
+inline constexpr bool is_mode_v = std::is_same_v<M, default_> || std::is_same_v<M, reduce_overhead> ||
+                                  std::is_same_v<M, max_autotune> || std::is_same_v<M, at_run_time>;
 
 }  // namespace kiln::mode

@@ -11,6 +11,8 @@
 //   loss scaling  loss_scaling::dynamic | none          (dynamic for fp16_mixed, none otherwise)
 //   fullgraph     kiln::fullgraph: a fusion boundary in the step (an nn::Opaque layer) is a
 //                 compile error                                             (off)
+// stance::at_run_time and mode::at_run_time leave the stance and the mode to values given when the
+// step is made (kiln::train::select_step's steps); a program names them only through select_step.
 // A tag of no category, or two tags of one category, is a static_assert naming them.
 #pragma once
 

@@ -26,13 +26,20 @@ struct fail_on_recompile {
   static constexpr const char* name = "fail_on_recompile";
 };
 
+// Any of the four, chosen when the step is made (kiln::train::select_step's steps): one Step
+// type runs every stance, its stance a value (PolicyInfo). Not a stance a user names.
+struct at_run_time {
+  static constexpr const char* name = "at_run_time";
+};
+
 // The stances that choose kernels (kiln::assign, the optimizers' step<Stance>).
 template <class S>
 inline constexpr bool is_stance_v = std::is_same_v<S, fused> || std::is_same_v<S, force_eager>;
 // Every stance a policy takes.
 template <class S>
 inline constexpr bool is_policy_stance_v =
-    is_stance_v<S> || std::is_same_v<S, eager_on_recompile> || std::is_same_v<S, fail_on_recompile>;
+    is_stance_v<S> || std::is_same_v<S, eager_on_recompile> || std::is_same_v<S, fail_on_recompile> ||
+    std::is_same_v<S, at_run_time>;
 // The kernels a policy stance runs: force_eager's own, fused for the others.
 template <class S>
 using kernels_of = std::conditional_t<std::is_same_v<S, force_eager>, force_eager, fused>;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -110,26 +111,21 @@ class Captures {
   }
 
   // Whether a step of `rows` rows with no capture yet is captured (true) or runs eagerly
-  // (false), as the stance says; throws for fail_on_recompile and past the cap.
-  template <class Stance>
-  bool admit(index_t rows, index_t dim) const {
+  // (false), as the stance (its name) says; throws for fail_on_recompile and past the cap.
+  bool admit(index_t rows, index_t dim, std::string_view stance_name) const {
     const bool known = has_rows(rows);
     if (known || all_.empty()) return true;  // a new position of a known shape, or the first shape
-    if constexpr (std::is_same_v<Stance, stance::eager_on_recompile>) {
-      return false;
-    } else if constexpr (std::is_same_v<Stance, stance::fail_on_recompile>) {
-      throw ValueError(kiln::detail::concat("train::Step: mode reduce_overhead under stance fail_on_recompile met batch shape [",
-                                            rows, ", ", dim, "], which was not captured; captured: ", shapes(dim),
-                                            ". Give every batch one size (drop or pad the last one), or use "
-                                            "stance::eager_on_recompile"));
-    } else {
-      KILN_CHECK(distinct_rows() < max_shapes_, ValueError, "train::Step: mode reduce_overhead would capture a ",
-                 distinct_rows() + 1, "th batch shape, [", rows, ", ", dim, "], past the cap of ", max_shapes_,
-                 " (StepOptions::max_captured_shapes); captured: ", shapes(dim),
-                 ". Batches of ever new sizes defeat capture: use fixed sizes, raise the cap, or use "
-                 "stance::eager_on_recompile");
-      return true;
-    }
+    if (stance_name == stance::eager_on_recompile::name) return false;
+    KILN_CHECK(stance_name != stance::fail_on_recompile::name, ValueError,
+               "train::Step: mode reduce_overhead under stance fail_on_recompile met batch shape [", rows, ", ", dim,
+               "], which was not captured; captured: ", shapes(dim),
+               ". Give every batch one size (drop or pad the last one), or use stance::eager_on_recompile");
+    KILN_CHECK(distinct_rows() < max_shapes_, ValueError, "train::Step: mode reduce_overhead would capture a ",
+               distinct_rows() + 1, "th batch shape, [", rows, ", ", dim, "], past the cap of ", max_shapes_,
+               " (StepOptions::max_captured_shapes); captured: ", shapes(dim),
+               ". Batches of ever new sizes defeat capture: use fixed sizes, raise the cap, or use "
+               "stance::eager_on_recompile");
+    return true;
   }
 
   capture_type& add(index_t rows, index_t position) {

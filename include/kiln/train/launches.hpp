@@ -32,6 +32,12 @@ constexpr nn::LaunchContext step_context() {
           .folded = false};
 }
 
+// Policy with its stance replaced by Stance: how the counts below see a step whose stance is
+// chosen at run time (stance::at_run_time, kiln/train/select_step.hpp) once it is known.
+template <class Policy, class Stance>
+using counted_policy =
+    kiln::policy<typename Policy::precision, Stance, typename Policy::accumulate_tag, typename Policy::loss_scaling>;
+
 // Launches of one micro-batch: forward, loss, the backward's seed and backward (and under mixed
 // precision the batch's rounding to the low type).
 template <class Model, class Policy, class Loss = CrossEntropy, class Space = typename Model::space>

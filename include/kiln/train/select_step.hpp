@@ -6,14 +6,15 @@
 //   while (const auto* batch = loader.next()) (*step)(*batch);
 //
 // An AnyStep is a StepBase (kiln/train/step_base.hpp) behind a pointer: the loop, checkpoints
-// and report() that drive it are compiled once, whatever the policy. What is compiled per policy
-// is the Step of that policy: its forward and backward in the precision (shared by policies of
-// one precision) and its stance's optimizer, mode and captures. tf32 runs fp32's code (its step
-// is fp32's Step told it is tf32), so fp32 and tf32 compile once between them.
+// and report() that drive it are compiled once, whatever the policy. What is compiled per
+// precision is one Step: its forward and backward in the precision, and — where Combos name more
+// than one stance or mode — the stance and the mode as values (stance::at_run_time,
+// mode::at_run_time): both optimizer forms, the capture and the tuner code, chosen when the step
+// is made. tf32 runs fp32's code (its step is fp32's Step told it is tf32), so fp32 and tf32
+// compile once between them.
 //
 // The cost is stated: select_step compiles 3 precisions' code (fp32 and tf32, bf16_mixed,
-// fp16_mixed) × the (stance, mode) pairs of Combos (every_combo: 6) into the translation unit
-// that calls it. A program that wants them built in parallel gives each precision its own
+// fp16_mixed), one Step type each, into the translation unit that calls it. A program that wants them built in parallel gives each precision its own
 // translation unit: a function per precision, declared in a header shared by the program's files
 // and defined in its own .cpp with make_precision_step (examples/train_digits does: four files,
 // two at a time with -j2).
@@ -22,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "kiln/core/error.hpp"
@@ -70,6 +72,18 @@ struct code_precision<precision::tf32> {
   using type = precision::fp32;
 };
 
+// The stance and mode tags of the Step type that runs every pair of Combos: the pairs' own when
+// they all share it, else at_run_time.
+template <class Combos>
+struct code_tags;
+template <class First, class... Rest>
+struct code_tags<combos<First, Rest...>> {
+  using stance = std::conditional_t<(std::is_same_v<typename First::stance, typename Rest::stance> && ...),
+                                    typename First::stance, kiln::stance::at_run_time>;
+  using mode = std::conditional_t<(std::is_same_v<typename First::mode, typename Rest::mode> && ...),
+                                  typename First::mode, kiln::mode::at_run_time>;
+};
+
 template <class... C>
 std::string combo_names(combos<C...>) {
   std::string out;
@@ -107,7 +121,8 @@ AnyStep<Model, Optimizer, Exec, Loss> make_precision_step(std::string_view stanc
   auto one = [&]<class C>(std::type_identity<C>) {
     if (out || stance_name != C::stance::name || mode_name != C::mode::name) return;
     using P = policy<Precision, typename C::stance, typename C::mode, Fixed...>;
-    using Code = policy<typename detail::code_precision<Precision>::type, typename C::stance, typename C::mode, Fixed...>;
+    using Code = policy<typename detail::code_precision<Precision>::type, typename detail::code_tags<Combos>::stance,
+                        typename detail::code_tags<Combos>::mode, Fixed...>;
     out = std::make_unique<Step<Model, Optimizer, Exec, Code, Loss>>(model, optimizer, exec, policy_info<P, Exec>(), loss,
                                                                      options);
   };

@@ -41,6 +41,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -97,18 +98,24 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
  public:
   using typename Base::space;
   using policy_type = Policy;
+  // Whether the stance and the mode are values given when the step is made (stance::at_run_time,
+  // mode::at_run_time: select_step's steps, one Step type for every stance and mode of a
+  // precision) rather than Policy's tags.
+  static constexpr bool stance_at_run_time = std::is_same_v<typename Policy::stance, stance::at_run_time>;
+  static constexpr bool mode_at_run_time = std::is_same_v<typename Policy::mode, mode::at_run_time>;
   static constexpr PolicyInfo info = policy_info<Policy, Exec>();
   static constexpr bool eager = info.eager;
   // The kernels the optimizer and assignments run (the recompile stances run fused ones).
   using kernel_stance = stance::kernels_of<typename Policy::stance>;
   using mode_type = typename Policy::mode;
-  // Whether steps are captured and replayed here (mode::reduce_overhead on an executor that
-  // captures: the CPU's and CUDA's).
+  // Whether the capture code is compiled in (mode::reduce_overhead or at_run_time on an executor
+  // that captures: the CPU's and CUDA's); capturing() says whether this step captures.
   static constexpr bool captures = info.captures;
   using graph_type = typename step_graph_of<Exec>::type;
   // mode::max_autotune's GEMM tuner on this executor (void where there is none).
   using tuner_type = typename gemm_tuner_of<Exec>::type;
-  // Whether GEMMs are autotuned here (mode::max_autotune on the CPU and on CUDA).
+  // Whether the GEMM tuner is compiled in (mode::max_autotune or at_run_time on the CPU and on
+  // CUDA); autotuning() says whether this step tunes.
   static constexpr bool autotunes = info.autotunes;
   static constexpr bool scales_loss = info.scales_loss;
   static constexpr bool mixed = info.mixed;
@@ -117,26 +124,42 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
   using Input = ag::Var<low_type, space, dyn, Model::in_features>;
 
   Step(Model& model, Optimizer& optimizer, Exec& exec, Policy = {}, Loss loss = {}, StepOptions options = {})
-      : Step(model, optimizer, exec, info, std::move(loss), std::move(options)) {}
+      : Step(model, optimizer, exec, info, std::move(loss), std::move(options)) {
+    static_assert(!stance_at_run_time && !mode_at_run_time,
+                  "kiln::train::Step: a policy with stance::at_run_time or mode::at_run_time takes its stance and mode "
+                  "as values: make the step with kiln::train::make_precision_step or select_step");
+  }
   // A step of Policy's code that is another policy of the same code, as `as_policy` says (what
   // describe(), policy() and the executor's setup follow): select_step runs tf32 through fp32's
-  // code this way (kiln/train/select_step.hpp). requires: as_policy differs from info only in its
-  // precision's name and tf32.
+  // code this way (kiln/train/select_step.hpp), and a step of stance::at_run_time or
+  // mode::at_run_time runs the stance and mode as_policy names. requires: as_policy differs from
+  // info only in its precision's name and tf32, and in the stance and mode Policy leaves to run time.
   Step(Model& model, Optimizer& optimizer, Exec& exec, const PolicyInfo& as_policy, Loss loss, StepOptions options)
       : Base(model, optimizer, exec, as_policy, std::move(loss), options), captures_(options.max_captured_shapes) {
+    KILN_CHECK(std::string_view(as_policy.stance) != stance::at_run_time::name &&
+                   std::string_view(as_policy.mode) != mode::at_run_time::name,
+               ValueError, "train::Step: the policy leaves its stance or mode to run time, and the PolicyInfo given "
+               "names none (stance ", as_policy.stance, ", mode ", as_policy.mode, ")");
     if constexpr (mixed) model.template refresh_low_copies<low_type>(exec);
     optimizer.zero_grad(exec, /*set_to_none=*/true);
     if constexpr (autotunes) {
-      KILN_CHECK(exec.gemm_chooser() == nullptr, ValueError, "train::Step: mode max_autotune, but the executor already ",
-                 "has a GEMM tuner (another max_autotune step on it?); give each its own executor");
-      tuner_ = std::make_unique<tuner_type>(options.autotune);
-      exec.set_gemm_chooser(tuner_.get());
+      if (autotuning()) {
+        KILN_CHECK(exec.gemm_chooser() == nullptr, ValueError, "train::Step: mode max_autotune, but the executor ",
+                   "already has a GEMM tuner (another max_autotune step on it?); give each its own executor");
+        tuner_ = std::make_unique<tuner_type>(options.autotune);
+        exec.set_gemm_chooser(tuner_.get());
+      }
     }
   }
   ~Step() override {
     if constexpr (autotunes)
       if (tuner_ && this->exec_->gemm_chooser() == tuner_.get()) this->exec_->set_gemm_chooser(nullptr);
   }
+
+  // Whether this step captures and replays (mode reduce_overhead, where the executor captures)
+  // and whether it tunes its GEMMs (mode max_autotune, where the executor has a tuner).
+  bool capturing() const { return captures && this->policy().captures; }
+  bool autotuning() const { return autotunes && this->policy().autotunes; }
 
   // mode::max_autotune: the tuner (null in other modes).
   const auto* tuner() const { return tuner_.get(); }
@@ -151,8 +174,8 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
   // shapes, replayed / captured / eager steps and the first capture that could not be replayed
   // (and why); under max_autotune each GEMM shape's choice against the heuristic's.
   std::string mode_report() const override {
-    std::string out = std::string("mode ") + mode_type::name;
-    if constexpr (captures) {
+    std::string out = std::string("mode ") + this->policy().mode;
+    if (capturing()) {
       const CaptureCounts& n = captures_.counts();
       out += kiln::detail::concat(": captured shapes ", captures_.shapes(Model::in_features), "; ", n.replays,
                                   " micro-batches replayed, ", n.captured_steps, " captured, ", n.eager_steps,
@@ -161,12 +184,14 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
         if (c->captured && !c->graph.replayable())
           out += kiln::detail::concat("  [", c->rows, ", ", Model::in_features, "] runs through the tape at every step: ",
                                       c->graph.not_replayable(), " cannot be captured (a replay would skip it)\n");
-    } else if constexpr (autotunes) {
-      const auto& path = tuner_->cache().path();
-      out += kiln::detail::concat(": ", tuner_->tuned() + tuner_->reused(), " GEMM shapes, ", tuner_->tuned(),
-                                  " timed now, ", tuner_->reused(), " read from the cache",
-                                  path.empty() ? std::string(" (no cache)") : " " + path, "\n", tuner_->report());
-    } else if constexpr (mode_type::captures || mode_type::autotunes) {
+    } else if (autotuning()) {
+      if constexpr (autotunes) {
+        const auto& path = tuner_->cache().path();
+        out += kiln::detail::concat(": ", tuner_->tuned() + tuner_->reused(), " GEMM shapes, ", tuner_->tuned(),
+                                    " timed now, ", tuner_->reused(), " read from the cache",
+                                    path.empty() ? std::string(" (no cache)") : " " + path, "\n", tuner_->report());
+      }
+    } else if (!mode_built()) {
       out += ": not built for this executor yet (ran as default)\n";
     } else {
       out += "\n";
@@ -180,26 +205,34 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
   // e.g. an opaque function without a launches()).
   // With frozen layers (nn/freeze.hpp) the count follows the parameters' flags now.
   index_t predicted_launches() const override {
-    if constexpr (Model::counts_launches) {
-      if constexpr (requires { this->model_->launches_now(nn::LaunchContext{}); })
-        return launches_per_step_now<Model, Optimizer, Policy, Loss, space>(*this->model_, this->opt_->options(),
-                                                                           this->accumulation());
-      else
-        return launches_per_step<Model, Optimizer, Policy, Loss, space>(this->opt_->options(), this->accumulation());
-    } else {
+    if constexpr (!Model::counts_launches) {
       return -1;
+    } else if constexpr (stance_at_run_time) {
+      return this->policy().eager ? launches_under<counted_policy<Policy, stance::force_eager>>()
+                                  : launches_under<counted_policy<Policy, stance::fused>>();
+    } else {
+      return launches_under<Policy>();
     }
   }
 
  private:
+  template <class P>
+  index_t launches_under() const {
+    if constexpr (requires { this->model_->launches_now(nn::LaunchContext{}); })
+      return launches_per_step_now<Model, Optimizer, P, Loss, space>(*this->model_, this->opt_->options(),
+                                                                    this->accumulation());
+    else
+      return launches_per_step<Model, Optimizer, P, Loss, space>(this->opt_->options(), this->accumulation());
+  }
+
   ag::Var<float, space> micro_batch(const float* features, const std::int32_t* labels, index_t rows) override {
     if constexpr (captures) {
-      if (!ag::detect_anomaly())
+      if (capturing() && !ag::detect_anomaly())
         if (auto loss = captured_step(features, labels, rows)) return *loss;
     }
     this->copy_input(input_, features, rows);  // not captured: through the tape
     auto loss = this->forward_backward(input_, labels);
-    if constexpr (captures) ++captures_.counts().eager_steps;
+    if (capturing()) ++captures_.counts().eager_steps;
     return loss;
   }
 
@@ -208,11 +241,17 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
     auto& scaler = this->scaler();
     const optim::StepGuard guard{scales_loss ? scaler.found_inf_ptr() : nullptr};
     if constexpr (scales_loss) scaler.unscale_and_check(this->opt_->table(), exec);
-    this->opt_->template step<kernel_stance>(exec, guard);
+    if constexpr (stance_at_run_time) {
+      if (this->policy().eager) this->opt_->template step<stance::force_eager>(exec, guard);
+      else this->opt_->template step<stance::fused>(exec, guard);
+    } else {
+      this->opt_->template step<kernel_stance>(exec, guard);
+    }
     if constexpr (scales_loss) scaler.update(exec);
     if constexpr (mixed) this->model_->template refresh_low_copies<low_type>(exec);
     this->opt_->zero_grad(exec, /*set_to_none=*/true);
-    if constexpr (autotunes) tuner_->save();  // only when something new was timed
+    if constexpr (autotunes)
+      if (tuner_) tuner_->save();  // only when something new was timed
   }
 
   void on_resume() override {
@@ -221,7 +260,8 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
   }
 
   bool mode_built() const override {
-    return !((mode_type::captures && !captures) || (mode_type::autotunes && !autotunes));
+    const std::string_view m = this->policy().mode;
+    return !((m == mode::reduce_overhead::name && !captures) || (m == mode::max_autotune::name && !autotunes));
   }
 
   // mode::reduce_overhead: replays this shape's capture, or captures it; returns nothing when
@@ -243,7 +283,7 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
       return c->loss;
     }
     if (!c) {
-      if (!captures_.template admit<typename Policy::stance>(rows, Model::in_features)) return std::nullopt;
+      if (!captures_.admit(rows, Model::in_features, this->policy().stance)) return std::nullopt;
       c = &captures_.add(rows, position);
       if constexpr (!Exec::capture_runs_work) return std::nullopt;  // the warm-up: eager; captured next time
     }
