@@ -32,6 +32,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -222,8 +223,10 @@ KILN_COMPILED void write_checkpoint(const std::string& path, const CheckpointedS
                                     const std::map<std::string, std::string>& extra);
 
 // A checkpoint read and checked against the step, not yet applied: `apply` copies the model's and
-// the optimizer's tensors in and sets the random generators; `values` are the step's.
+// the optimizer's tensors in (from the file's bytes, which `file` keeps) and sets the random
+// generators; `values` are the step's.
 struct ReadCheckpoint {
+  std::shared_ptr<const io::SafetensorsFile> file;
   CheckpointInfo info;
   std::vector<Apply> apply;
   CheckpointValues values;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -173,7 +174,9 @@ KILN_COMPILED void write_checkpoint(const std::string& path, const CheckpointedS
 }
 
 KILN_COMPILED ReadCheckpoint read_checkpoint(const std::string& path, const CheckpointedStep& step) {
-  const auto file = io::SafetensorsFile::open(path);
+  ReadCheckpoint out;
+  out.file = std::make_shared<const io::SafetensorsFile>(io::SafetensorsFile::open(path));
+  const io::SafetensorsFile& file = *out.file;  // the bytes `apply` copies from live as long as `out`
   if (!file.has_checksum()) file.fail("has no kiln checksum (", io::checksum_key, "): not a kiln checkpoint");
   const MetaReader meta{file};
   if (meta.text("kiln.format") != checkpoint_format)
@@ -181,7 +184,6 @@ KILN_COMPILED ReadCheckpoint read_checkpoint(const std::string& path, const Chec
   if (meta.text("kiln.optimizer") != step.optimizer)
     file.fail("was written with optimizer ", meta.text("kiln.optimizer"), ", this run uses ", step.optimizer);
 
-  ReadCheckpoint out;
   stage_model_state(file, step.model, /*strict=*/true, out.apply);
 
   const optim::ParamTable& table = *step.table;
