@@ -2,7 +2,8 @@
 // no optimizer state and keeps its values bit for bit; the trainable layers get exactly the
 // gradients they would get with nothing frozen; and the launches a step runs are those predicted
 // for the frozen model (fewer than with every layer trainable), for MLPs, LayerNorm and convnets
-// with residual blocks, in both stances and under mixed precision.
+// with residual blocks, in both stances and under mixed precision; a frozen batch norm keeps its
+// running statistics.
 #include <kiln/train.hpp>
 #include <kiln/train/checkpoint.hpp>
 
@@ -217,6 +218,60 @@ TEST_CASE("freeze: counts, describe, unfreeze, and an optimizer built before fre
   const std::vector<float> first = values_where(late, false);
   for (int s = 0; s < 3; ++s) step(b.batch());
   CHECK(values_where(late, false) == first);
+}
+
+TEST_CASE("freeze: a frozen batch norm normalises with its running statistics and leaves them, in train mode too") {
+  CpuExecutor exec(1);
+  Cnn model(5);
+  auto& bn = model.layer<2>();
+  auto stats = [&] {
+    const auto& buf = bn.buffers();
+    std::vector<float> v(buf.running_mean.data(), buf.running_mean.data() + 4);
+    v.insert(v.end(), buf.running_var.data(), buf.running_var.data() + 4);
+    v.push_back(float(buf.batches_tracked));
+    return v;
+  };
+  optim::AdamW opt(model, {.lr = 1e-2});
+  train::Step step(model, opt, exec);
+  for (int s = 0; s < 3; ++s) {  // statistics away from their initial values
+    OwnedBatch b = random_batch(5, 60 + std::uint64_t(s));
+    step(b.batch());
+  }
+  const auto moved = stats();
+  CHECK(moved.back() == 3.0f);
+
+  nn::freeze(bn);
+  CHECK(bn.training());  // still in train mode: being frozen is what keeps its statistics
+  CHECK_FALSE(bn.updates_statistics());
+  // Its model's output in train mode is the output in eval mode, bit for bit.
+  ag::Tape<CpuExecutor> tape(exec);
+  OwnedBatch in = random_batch(6, 70);
+  Tensor<float, host, dyn, 12> xt(6, 12);
+  std::copy(in.x.begin(), in.x.end(), xt.data());
+  const ag::Var<float, host, dyn, 12> x(std::move(xt));
+  auto output = [&] {
+    ag::NoGrad no_grad;
+    const auto y = model.forward(tape, x);
+    return std::vector<float>(y.value().data(), y.value().data() + y.value().size());
+  };
+  const auto in_train_mode = output();
+  model.eval();
+  const auto in_eval_mode = output();
+  model.train();
+  CHECK(in_train_mode == in_eval_mode);
+
+  // Training around it (the optimizer built before, so it still lists the layer) leaves it.
+  for (int s = 0; s < 3; ++s) {
+    OwnedBatch b = random_batch(5, 80 + std::uint64_t(s));
+    step(b.batch());
+  }
+  CHECK(stats() == moved);
+  // Unfrozen, its statistics move again.
+  nn::unfreeze(bn);
+  CHECK(bn.updates_statistics());
+  OwnedBatch b = random_batch(5, 90);
+  step(b.batch());
+  CHECK(stats() != moved);
 }
 
 TEST_CASE("freeze: a checkpoint of a frozen run resumes into a frozen run and refuses an unfrozen one") {

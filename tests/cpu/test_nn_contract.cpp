@@ -1,6 +1,7 @@
 // What a user of the nn layers relies on beyond the built-in layers: an activation of their own
 // (Activation<F>: fused into the Linear's epilogue, gradients right), the model's one-line
-// description with its mode, EvalScope, and cross_entropy over a span of labels.
+// description with its mode, EvalScope (every layer's own mode restored), and cross_entropy over
+// a span of labels.
 #include <kiln.hpp>
 #include <kiln/autograd/gradcheck.hpp>
 #include <kiln/nn/activation.hpp>
@@ -8,6 +9,8 @@
 #include <kiln/nn/layernorm.hpp>
 #include <kiln/nn/linear.hpp>
 #include <kiln/nn/loss.hpp>
+#include <kiln/nn/repeat.hpp>
+#include <kiln/nn/residual.hpp>
 #include <kiln/nn/sequential.hpp>
 
 #include <doctest/doctest.h>
@@ -115,6 +118,28 @@ TEST_CASE("EvalScope: eval mode and no recording inside, the previous mode resto
   model.eval();
   { nn::EvalScope evaluating(model); }
   CHECK_FALSE(model.training());  // it was in eval mode before: it stays there
+}
+
+TEST_CASE("EvalScope: each layer's own mode restored, nested layers included") {
+  using Inner = nn::Sequential<nn::Linear<6, 6>, nn::Dropout<0.5>>;
+  nn::Sequential<nn::Linear<6, 6>, nn::Dropout<0.5>, nn::Residual<Inner>, nn::Repeat<2, Inner>> model(1);
+  model.layer<1>().eval();                    // a Dropout turned off in a model that trains
+  model.layer<2>().body().layer<1>().eval();  // one inside a Residual
+  model.layer<3>().block(1).layer<1>().eval();  // one inside the second block of a Repeat
+  {
+    nn::EvalScope evaluating(model);
+    CHECK_FALSE(model.training());
+    CHECK_FALSE(model.layer<2>().training());
+    CHECK_FALSE(model.layer<3>().first().layer<1>().training());
+  }
+  CHECK(model.training());
+  CHECK_FALSE(model.layer<1>().training());
+  CHECK(model.layer<2>().training());
+  CHECK(model.layer<2>().body().training());
+  CHECK_FALSE(model.layer<2>().body().layer<1>().training());
+  CHECK(model.layer<3>().training());
+  CHECK(model.layer<3>().first().layer<1>().training());
+  CHECK_FALSE(model.layer<3>().block(1).layer<1>().training());
 }
 
 TEST_CASE("cross_entropy takes the labels as a span or a vector, checked against the rows") {

@@ -2,7 +2,8 @@
 //
 // Training mode normalises with the batch's mean and biased variance and updates the running
 // statistics (momentum 0.1 by default, unbiased variance); evaluation mode normalises with the
-// running statistics. weight (ones) and bias (zeros) are learned. forward_fused<Act> applies an
+// running statistics; so does a frozen batch norm in either mode (updates_statistics(), below:
+// fine-tuning's rule). weight (ones) and bias (zeros) are learned. forward_fused<Act> applies an
 // activation in the same pass (Sequential does this for BatchNorm2d followed by an activation:
 // conv-bn-relu is then two passes, not three), and its backward recomputes the pre-activation
 // from the saved statistics instead of keeping it.
@@ -134,6 +135,12 @@ class BatchNorm2d {
   void train(bool on = true) { training_ = on; }
   void eval() { train(false); }
   bool training() const { return training_; }
+  // Whether a forward normalises with the batch's statistics and moves the running ones: in train
+  // mode, unless the layer is frozen (its weight and bias both without requires_grad, nn::freeze).
+  // A frozen batch norm normalises with its running statistics and leaves them as they are, in
+  // train and eval mode alike: fine-tuning's rule (torchvision's FrozenBatchNorm2d), so a frozen
+  // backbone stays bit for bit what it was, whatever the training loop's model.train() says.
+  bool updates_statistics() const { return training_ && (weight_.requires_grad() || bias_.requires_grad()); }
 
   template <class F>
   void for_each_parameter(F&& f) const {
@@ -187,7 +194,7 @@ class BatchNorm2d {
     if (n == 0) {
       // PyTorch's empty batch (nn/empty_batch.hpp): the running statistics stay as they are (a mean
       // over nothing would make them NaN) while the count of batches moves on, as its module's does.
-      if (training_) {
+      if (updates_statistics()) {
         tape.exec().stats().host_state("batch norm's count of batches");
         ++buffers_->batches_tracked;
       }
@@ -201,7 +208,7 @@ class BatchNorm2d {
       const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
       const std::string name = is_identity_act_v<F> ? std::string("batch_norm") : std::string("batch_norm+") + F::name;
       tape.exec().stats().count(kind::norm, name, s.size(), bytes);
-      const bool train = training_;
+      const bool train = updates_statistics();
       // Batch mean and invstd per channel (training), kept for backward.
       auto saved = std::make_shared<std::vector<T>>(train ? std::size_t(2 * C) : 0);
       Buffers& buf = *buffers_;
@@ -274,7 +281,7 @@ class BatchNorm2d {
     const detail::ImageIndex ix{C, hw, Layout == layout::nhwc};
     const index_t m = n * hw, size = m * C;
     const std::size_t bytes = std::size_t(size) * sizeof(T) * 2;
-    const bool train = training_;
+    const bool train = updates_statistics();
     auto saved = std::make_shared<Tensor<T, Space, dyn>>(Shape{2 * C});  // mean, invstd
     T* mean = saved->data();
     T* invstd = mean + C;

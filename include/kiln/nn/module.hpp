@@ -9,6 +9,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "kiln/autograd/tape.hpp"
 #include "kiln/autograd/var.hpp"
@@ -197,20 +198,51 @@ constexpr bool fuses_activation_of() {
 template <class L>
 inline constexpr bool fuses_activation_v = fuses_activation_of<L>();
 
+namespace detail {
+// f(layer) for m and every layer inside it that has a train / eval mode, each container before
+// the layers in it (Sequential, Residual, Repeat, by what they expose).
+template <class M, class F>
+void for_each_moded(M& m, F& f) {
+  if constexpr (requires { m.training(); m.train(true); }) f(m);
+  if constexpr (requires { M::size(); m.template layer<0>(); }) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (for_each_moded(m.template layer<I>(), f), ...);
+    }(std::make_index_sequence<M::size()>{});
+  } else if constexpr (requires { m.body(); m.shortcut(); }) {
+    for_each_moded(m.body(), f);
+    for_each_moded(m.shortcut(), f);
+  } else if constexpr (requires { M::count; m.first(); m.block(1); }) {
+    for_each_moded(m.first(), f);
+    for (index_t i = 1; i < M::count; ++i) for_each_moded(m.block(i), f);
+  }
+}
+}  // namespace detail
+
 // Evaluation for the length of a scope: the model in eval mode and nothing recorded (NoGrad),
-// the model's previous mode restored on exit — PyTorch's model.eval() + torch.no_grad(), undone.
+// every layer's own mode restored on exit — PyTorch's model.eval() + torch.no_grad(), undone. A
+// layer the user put in eval mode in a model that trains (a frozen part, a Dropout turned off)
+// stays in eval mode after the scope.
 //   { kiln::nn::EvalScope evaluating(model); auto logits = model.forward(tape, x); ... }
 template <class Model>
 class EvalScope {
  public:
-  explicit EvalScope(Model& model) : model_(&model), was_training_(model.training()) { model.eval(); }
-  ~EvalScope() { model_->train(was_training_); }
+  explicit EvalScope(Model& model) : model_(&model) {
+    auto save = [&](auto& layer) { modes_.push_back(layer.training()); };
+    detail::for_each_moded(model, save);
+    model.eval();
+  }
+  ~EvalScope() {
+    // Outer layers first: a container's train() sets the layers in it, which then get their own.
+    std::size_t next = 0;
+    auto restore = [&](auto& layer) { layer.train(modes_[next++]); };
+    detail::for_each_moded(*model_, restore);
+  }
   EvalScope(const EvalScope&) = delete;
   EvalScope& operator=(const EvalScope&) = delete;
 
  private:
   Model* model_;
-  bool was_training_;
+  std::vector<bool> modes_;  // each moded layer's, in for_each_moded's order
   ag::NoGrad no_grad_;
 };
 
