@@ -107,7 +107,6 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
   static constexpr bool eager = info.eager;
   // The kernels the optimizer and assignments run (the recompile stances run fused ones).
   using kernel_stance = stance::kernels_of<typename Policy::stance>;
-  using mode_type = typename Policy::mode;
   // Whether the capture code is compiled in (mode::reduce_overhead or at_run_time on an executor
   // that captures: the CPU's and CUDA's); capturing() says whether this step captures.
   static constexpr bool captures = info.captures;
