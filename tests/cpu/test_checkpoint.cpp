@@ -264,20 +264,72 @@ TEST_CASE("weights: PyTorch's names, a round trip, and a mismatch leaves the mod
   using Wider = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 9>, nn::ReLU, nn::Linear<9, 4>>;
   Wider c(3);
   const auto before = state_bytes(c);
-  check_data_error([&] { train::load_weights(path, c); }, path, {"tensor \"2.weight\"", "expected shape [9, 16]",
-                                                                  "found [8, 16]"});
+  check_data_error([&] { train::load_weights(path, c); }, path,
+                   {"3 with another shape or dtype: 2.weight (model [9, 16] F32, file [8, 16] F32), 2.bias"});
   CHECK(state_bytes(c) == before);
   using Shorter = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 4>>;
   Shorter d(4);
-  check_data_error([&] { train::load_weights(path, d); }, path, {"tensor \"2.weight\"", "expected shape [4, 16]"});
+  check_data_error([&] { train::load_weights(path, d); }, path,
+                   {"2.weight (model [4, 16] F32, file [8, 16] F32)", "2 of the file's tensors not in the model: 4.bias, "
+                                                                     "4.weight"});
   using Deeper = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::ReLU, nn::Linear<8, 4>, nn::ReLU,
                                 nn::Linear<4, 4>>;
   Deeper e(5);
-  check_data_error([&] { train::load_weights(path, e); }, path, {"6.weight, 6.bias", "are not in the file"});
+  check_data_error([&] { train::load_weights(path, e); }, path,
+                   {"2 of the model's tensors not in the file: 6.weight, 6.bias"});
   using NoBias = nn::Sequential<nn::Linear<12, 16, false>, nn::ReLU, nn::Linear<16, 8>, nn::ReLU, nn::Linear<8, 4>>;
   NoBias nb(6);
-  check_data_error([&] { train::load_weights(path, nb); }, path, {"does not have: 0.bias"});
-  train::load_weights(path, nb, {.strict = false});
+  check_data_error([&] { train::load_weights(path, nb); }, path, {"1 of the file's tensors not in the model: 0.bias"});
+  const auto loose = train::load_weights(path, nb, {.strict = false});
+  CHECK(loose.missing.empty());
+  CHECK(loose.unexpected == std::vector<std::string>{"0.bias"});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("weights: PyTorch's load options — non-strict, a skipped head, renamed names, short errors") {
+  const fs::path dir = scratch_dir("load_options");
+  const std::string path = (dir / "mlp.safetensors").string();
+  Mlp a(1);
+  train::save_weights(path, a);
+  auto values = [](const auto& var) { return std::vector<float>(var.value().data(), var.value().data() + var.value().size()); };
+
+  // A new head for another class count: the old one skipped on both sides keeps its initial values.
+  using NewHead = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::ReLU, nn::Linear<8, 7>>;
+  NewHead h(9);
+  const auto head_before = values(h.layer<4>().weight());
+  check_data_error([&] { train::load_weights(path, h); }, path, {"4.weight (model [7, 8] F32, file [4, 8] F32)"});
+  const auto r = train::load_weights(path, h, {.skip = {"4."}});
+  CHECK(r.missing.empty());
+  CHECK(r.unexpected.empty());
+  CHECK(r.skipped == 4);  // the model's 4.weight and 4.bias, and the file's
+  CHECK(values(h.layer<4>().weight()) == head_before);
+  CHECK(values(h.layer<0>().weight()) == values(a.layer<0>().weight()));
+
+  // Names saved by another wrapper ("module." from DataParallel): renamed on load.
+  io::SafetensorsWriter w;
+  io::SafetensorsFile original = io::SafetensorsFile::open(path);
+  for (const auto& t : original.tensors()) {
+    const auto bytes = original.bytes(t);
+    w.add("module." + t.name, dtype::f32, t.shape, bytes);
+  }
+  const std::string wrapped = (dir / "wrapped.safetensors").string();
+  w.write(wrapped);
+  Mlp b(2);
+  check_data_error([&] { train::load_weights(wrapped, b); }, wrapped,
+                   {"6 of the model's tensors not in the file: 0.weight, 0.bias, 2.weight, 2.bias, 4.weight and 1 more",
+                    "6 of the file's tensors not in the model: module.0.bias,"});
+  train::load_weights(wrapped, b, {.rename = [](const std::string& n) { return n.substr(std::string("module.").size()); }});
+  CHECK(state_bytes(a) == state_bytes(b));
+
+  // Non-strict: what matches loads, the rest is returned (PyTorch's missing_keys / unexpected_keys).
+  using Deeper = nn::Sequential<nn::Linear<12, 16>, nn::ReLU, nn::Linear<16, 8>, nn::ReLU, nn::Linear<8, 4>, nn::ReLU,
+                                nn::Linear<4, 4>>;
+  Deeper d(5);
+  const auto loose = train::load_weights(wrapped, d, {.strict = false, .rename = [](const std::string& n) {
+                                                        return n.rfind("module.4.", 0) == 0 ? std::string() : n.substr(7);
+                                                      }});
+  CHECK(loose.missing == std::vector<std::string>{"4.weight", "4.bias", "6.weight", "6.bias"});
+  CHECK(loose.unexpected.empty());
   fs::remove_all(dir);
 }
 
@@ -568,7 +620,7 @@ TEST_CASE("weights: kiln loads PyTorch's safetensors state dict and computes its
   // tests/fixtures/torch_mlp.safetensors, from scripts/golden_safetensors.py (safetensors.torch.save_file).
   const std::string path = std::string(KILN_SOURCE_DIR) + "/tests/fixtures/torch_mlp.safetensors";
   Mlp model(123);
-  check_data_error([&] { train::load_weights(path, model); }, path, {"does not have: input, logits"});
+  check_data_error([&] { train::load_weights(path, model); }, path, {"2 of the file's tensors not in the model: input, logits"});
   train::load_weights(path, model, {.strict = false});
   const auto file = io::SafetensorsFile::open(path);
   Tensor<float, host, dyn, 12> xt(5, 12);

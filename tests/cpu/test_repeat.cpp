@@ -4,6 +4,9 @@
 // ResNet-50 has torchvision's parameter count and trains a step with the launches its type
 // predicts.
 #include <kiln/models/resnet.hpp>
+#include <kiln/autograd/gradcheck.hpp>
+#include <kiln/io/model_state.hpp>
+#include <kiln/io/safetensors.hpp>
 #include <kiln/io/state_dict.hpp>
 #include <kiln/nn/repeat.hpp>
 #include <kiln/train.hpp>
@@ -13,6 +16,7 @@
 #include "step_helpers.hpp"
 
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -150,4 +154,95 @@ TEST_CASE("a ResNet-50 trains a step on the CPU with the launches its type predi
   CHECK(rep.kernels_per_step == doctest::Approx(double(rep.predicted)));
   CHECK(kiln_step_test::values_of(model) != before);
   CHECK(std::isfinite(step.take_losses(true).at(0)));
+}
+
+namespace {
+// (name, dtype, dims) of each tensor of torchvision's `arch` state_dict, from
+// tests/fixtures/resnet_state_names.txt (scripts/golden_resnet_names.py).
+std::vector<std::string> torchvision_state(const std::string& arch) {
+  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/resnet_state_names.txt");
+  REQUIRE(in);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(arch + " ", 0) == 0) out.push_back(line.substr(arch.size() + 1));
+  return out;
+}
+template <class Model>
+std::vector<std::string> kiln_state(const Model& model) {
+  std::vector<std::string> out;
+  for (const auto& t : io::model_state(model).tensors) {
+    std::string line = t.name + " " + io::safetensors_name(t.type);
+    for (int i = 0; i < t.shape.rank; ++i) line += " " + std::to_string(t.shape[i]);
+    out.push_back(line);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("ResNet-18 and ResNet-50 walk to torchvision's state_dict names, shapes and dtypes, in order") {
+  const auto r18 = torchvision_state("resnet18");
+  const auto r50 = torchvision_state("resnet50");
+  REQUIRE(r18.size() == 122);
+  REQUIRE(r50.size() == 320);
+  CHECK(kiln_state(models::ResNet18<>(0)) == r18);
+  CHECK(kiln_state(models::ResNet50<>(0)) == r50);
+  // A head for another class count differs only in fc's shapes.
+  const auto ten = kiln_state(models::ResNet18<10, 64>(0));
+  CHECK(ten.at(ten.size() - 2) == "fc.weight F32 10 512");
+  CHECK(std::vector<std::string>(ten.begin(), ten.end() - 2) == std::vector<std::string>(r18.begin(), r18.end() - 2));
+}
+
+TEST_CASE("nn::Named gives a layer its torch name at any depth; unnamed layers keep their positions") {
+  using Body = nn::Sequential<nn::Named<"fc1", nn::Linear<4, 4>>, nn::ReLU, nn::Linear<4, 4>>;
+  using Model = nn::Sequential<nn::Named<"stem", nn::Linear<3, 4>>, nn::Residual<Body, void, nn::ReLU>,
+                               nn::Named<"block", nn::Residual<Body, nn::Named<"proj", nn::Linear<4, 4>>>>,
+                               nn::Named<"trunk", nn::Repeat<2, nn::Residual<Body>>>, nn::Linear<4, 2>>;
+  Model model(1);
+  CHECK(state_names(model) == std::vector<std::string>{
+                                  "stem.weight",         "stem.bias",           "1.fc1.weight",         "1.fc1.bias",
+                                  "1.body.2.weight",     "1.body.2.bias",       "block.fc1.weight",     "block.fc1.bias",
+                                  "block.body.2.weight", "block.body.2.bias",   "block.proj.weight",    "block.proj.bias",
+                                  "trunk.0.fc1.weight",  "trunk.0.fc1.bias",    "trunk.0.body.2.weight", "trunk.0.body.2.bias",
+                                  "trunk.1.fc1.weight",  "trunk.1.fc1.bias",    "trunk.1.body.2.weight", "trunk.1.body.2.bias",
+                                  "4.weight",            "4.bias"});
+  // A name changes nothing else: the same numbers from one seed as the unnamed model.
+  using Plain = nn::Sequential<nn::Linear<3, 4>, nn::Residual<nn::Sequential<nn::Linear<4, 4>, nn::ReLU, nn::Linear<4, 4>>,
+                                                              void, nn::ReLU>,
+                               nn::Residual<nn::Sequential<nn::Linear<4, 4>, nn::ReLU, nn::Linear<4, 4>>, nn::Linear<4, 4>>,
+                               nn::Repeat<2, nn::Residual<nn::Sequential<nn::Linear<4, 4>, nn::ReLU, nn::Linear<4, 4>>>>,
+                               nn::Linear<4, 2>>;
+  Plain plain(1);
+  CHECK(kiln_step_test::values_of(model) == kiln_step_test::values_of(plain));
+  static_assert(Model::launches(nn::LaunchContext{}) == Plain::launches(nn::LaunchContext{}));
+  CHECK(model.describe().find("stem: Linear<3, 4>") != std::string::npos);
+}
+
+TEST_CASE("a Residual with an activation computes act(body + shortcut) in one pass, gradients to fp64 differences") {
+  using L64 = nn::Linear<5, 5, true, double>;
+  using Body = nn::Sequential<L64, nn::Tanh, L64>;
+  nn::Sequential<nn::Residual<Body, L64, nn::ReLU>> block(3);
+  nn::Sequential<nn::Residual<Body, L64>> plain(3);
+  CpuExecutor exec(1);
+  ag::Tape<CpuExecutor> tape(exec);
+  auto make_input = [] {
+    HostMatrix<double> m(4, 5);
+    Generator gen(4);
+    for (index_t i = 0; i < m.size(); ++i) m.data()[i] = gen.uniform(-1.f, 1.f);
+    return m;
+  };
+  ag::Var<double, host, dyn, dyn> x(make_input());
+  const auto y = block.forward(tape, x);
+  const auto z = plain.forward(tape, x);  // the same without the activation
+  int negatives = 0;
+  for (index_t i = 0; i < y.value().size(); ++i) {
+    CHECK(y.value().data()[i] == std::max(0.0, z.value().data()[i]));
+    negatives += z.value().data()[i] < 0 ? 1 : 0;
+  }
+  CHECK(negatives > 0);  // the ReLU had something to do
+  // The activation rides the sum's kernel: no launch more than the plain Residual.
+  static_assert(decltype(block)::launches(nn::LaunchContext{}) == decltype(plain)::launches(nn::LaunchContext{}));
+  const auto r = gradcheck([&](ag::Tape<CpuExecutor>& t, std::vector<GradcheckInput>& in) { return block.forward(t, in[0]); },
+                           {GradcheckInput(make_input(), true)}, block.parameters());
+  CHECK_MESSAGE(r.ok, r.report);
 }

@@ -8,6 +8,9 @@
 // "num_batches_tracked" (int64, a scalar). A Residual, which torch spells as a user module, names
 // its parts "body." and "shortcut." (a projection shortcut's layers). An nn::Repeat names its
 // blocks as a Sequential does: "0.", "1.", ...
+// A named layer (nn::Named<"conv1", L>, kiln/nn/named.hpp) is "conv1." instead of its position;
+// in a Residual's body it sits directly under the block ("layer1.0.conv1.weight", torchvision's
+// Bottleneck), and a named shortcut replaces "shortcut." ("layer1.0.downsample.0.weight").
 //
 //   kiln::io::for_each_state(model, [](const std::string& name, auto& item, kiln::io::state_kind kind) { ... });
 // item is the parameter's ag::Var (kind parameter), the buffer's Tensor (buffer) or a std::int64_t&
@@ -19,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kiln/nn/named.hpp"
 #include "kiln/nn/sequential.hpp"
 
 namespace kiln::io {
@@ -47,6 +51,15 @@ concept repeat_like = requires(M& m) {
 
 template <class M, class F, std::size_t... I>
 void each_sequential_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>);
+template <class M, class F, std::size_t... I>
+void each_body_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>);
+
+// A part's name: its own (nn::Named) or the default the container gives it.
+template <class L>
+std::string part_name(const std::string& fallback) {
+  if constexpr (nn::is_named_v<L>) return std::string(nn::name_of<L>()) + ".";
+  else return fallback;
+}
 
 // f(prefix, layer) for every leaf layer under m.
 template <class M, class F>
@@ -54,8 +67,12 @@ void walk(M& m, const std::string& prefix, F& f) {
   if constexpr (sequential_like<std::remove_const_t<M>>) {
     each_sequential_layer(m, prefix, f, std::make_index_sequence<std::remove_const_t<M>::size()>{});
   } else if constexpr (residual_like<std::remove_const_t<M>>) {
-    walk(m.body(), prefix + "body.", f);
-    walk(m.shortcut(), prefix + "shortcut.", f);
+    using Body = std::remove_cvref_t<decltype(m.body())>;
+    if constexpr (sequential_like<Body> && !nn::is_named_v<Body>)  // its layers, named or "body.<i>."
+      each_body_layer(m.body(), prefix, f, std::make_index_sequence<Body::size()>{});
+    else
+      walk(m.body(), prefix + part_name<Body>("body."), f);
+    walk(m.shortcut(), prefix + part_name<std::remove_cvref_t<decltype(m.shortcut())>>("shortcut."), f);
   } else if constexpr (repeat_like<std::remove_const_t<M>>) {  // nn::Repeat: named as nn.Sequential
     walk(m.first(), prefix + "0.", f);
     for (index_t i = 1; i < std::remove_const_t<M>::count; ++i) walk(m.block(i), prefix + std::to_string(i) + ".", f);
@@ -65,7 +82,11 @@ void walk(M& m, const std::string& prefix, F& f) {
 }
 template <class M, class F, std::size_t... I>
 void each_sequential_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>) {
-  (walk(m.template layer<I>(), prefix + std::to_string(I) + ".", f), ...);
+  (walk(m.template layer<I>(), prefix + part_name<std::remove_cvref_t<decltype(m.template layer<I>())>>(std::to_string(I) + "."), f), ...);
+}
+template <class M, class F, std::size_t... I>
+void each_body_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>) {
+  (walk(m.template layer<I>(), prefix + part_name<std::remove_cvref_t<decltype(m.template layer<I>())>>("body." + std::to_string(I) + "."), f), ...);
 }
 
 }  // namespace detail

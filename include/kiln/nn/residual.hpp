@@ -1,13 +1,15 @@
-// kiln/nn/residual.hpp — a skip connection around a sub-model: y = body(x) + shortcut(x).
+// kiln/nn/residual.hpp — a skip connection around a sub-model: y = act(body(x) + shortcut(x)).
 //
 //   using Block = nn::Residual<nn::Sequential<nn::Conv2d<64, 64, 3, 1, 1>, nn::BatchNorm2d<64>, nn::ReLU,
 //                                             nn::Conv2d<64, 64, 3, 1, 1>, nn::BatchNorm2d<64>>>;
-//   using Down  = nn::Residual<Body, nn::Conv2d<64, 128, 1, 2>>;   // with a projection
+//   using Down  = nn::Residual<Body, nn::Conv2d<64, 128, 1, 2>>;            // with a projection
+//   using Basic = nn::Residual<Body, void, nn::ReLU>;                        // torchvision's relu(out + identity)
 //
 // Shortcut is void (the identity: x itself) or a layer — a projection such as a 1x1 Conv2d — when
 // the body changes the shape. The body's and the shortcut's output samples must agree (a
-// static_assert naming both). The sum is ONE fused kernel, its backward ONE kernel that hands the
-// gradient to both branches; the gradient of x is the sum of both branches' contributions (the
+// static_assert naming both). Activation is void (none) or an activation layer (nn::ReLU) applied
+// to the sum in the same pass. The sum (and its activation) is ONE fused kernel, its backward ONE
+// kernel that hands the gradient to both branches; the gradient of x is the sum of both branches' contributions (the
 // tape adds them). Parameters, modes and launch counts are the body's and the shortcut's.
 #pragma once
 
@@ -48,9 +50,12 @@ struct residual_branches_agree<sample<A...>, sample<B...>> {
 };
 }  // namespace detail
 
-template <class Body, class Shortcut = void>
+template <class Body, class Shortcut = void, class Activation = void>
 class Residual {
   using SC = std::conditional_t<std::is_void_v<Shortcut>, detail::IdentityShortcut, Shortcut>;
+  static_assert(std::is_void_v<Activation> || is_activation_v<Activation>,
+                "kiln::nn::Residual<Body, Shortcut, Activation>: Activation must be void (none) or an activation "
+                "layer such as nn::ReLU (kiln/nn/activation.hpp)");
 
  public:
   template <class In>
@@ -60,11 +65,15 @@ class Residual {
   using value_type = typename Body::value_type;
   using space = typename Body::space;
   template <class S>
-  using on = Residual<typename detail::rebind_space<Body, S>::type, typename detail::rebind_space<Shortcut, S>::type>;
+  using on = Residual<typename detail::rebind_space<Body, S>::type, typename detail::rebind_space<Shortcut, S>::type,
+                      Activation>;
   template <layout L>
-  using with_layout =
-      Residual<typename detail::rebind_layout<Body, L>::type, typename detail::rebind_layout<Shortcut, L>::type>;
+  using with_layout = Residual<typename detail::rebind_layout<Body, L>::type,
+                               typename detail::rebind_layout<Shortcut, L>::type, Activation>;
   static constexpr bool has_projection = !std::is_void_v<Shortcut>;
+  using body_type = Body;
+  using shortcut_type = Shortcut;  // void for the identity
+  using activation_type = Activation;
 
   explicit Residual(Generator& gen) : body_(detail::make_layer<Body>(gen)), shortcut_(detail::make_layer<SC>(gen)) {}
   explicit Residual(std::uint64_t seed = 0) : Residual(lvalue(Generator(seed))) {}
@@ -73,7 +82,11 @@ class Residual {
   auto forward(ag::Tape<Exec>& tape, const X& x) {
     const auto a = body_.forward(tape, x);
     const auto& b = shortcut_.forward(tape, x);
-    return ag::map(tape, a + b);
+    if constexpr (std::is_void_v<Activation>) return ag::map(tape, a + b);
+    else if constexpr (std::is_same_v<typename decltype(a)::value_type, compute_t<typename decltype(a)::value_type>>)
+      return ag::map(tape, Activation::apply(a + b));
+    else  // bf16 / f16 activations: computed in float, rounded as stored, in the same kernel
+      return ag::map(tape, cast<typename decltype(a)::value_type>(Activation::apply(a + b)));
   }
 
   template <class F>
@@ -88,7 +101,7 @@ class Residual {
   }
   bool training() const { return training_; }
 
-  // The branches' launches plus the sum: ONE kernel forward, ONE backward.
+  // The branches' launches plus the sum (and its activation): ONE kernel forward, ONE backward.
   static constexpr Launches launches(const LaunchContext& c) {
     Launches l = Body::launches(c);
     l += SC::launches(c);
@@ -107,8 +120,11 @@ class Residual {
       detail::parameter_tensors_of<Body>() + detail::parameter_tensors_of<SC>();
 
   std::string describe() const {
-    return "Residual(" + detail::describe_layer(body_) + (has_projection ? " + " + detail::describe_layer(shortcut_) : "") +
-           ")";
+    std::string out = "Residual(" + detail::describe_layer(body_);
+    if constexpr (has_projection) out.append(" + ").append(detail::describe_layer(shortcut_));
+    out.append(")");
+    if constexpr (!std::is_void_v<Activation>) out.append("+").append(detail::describe_layer(Activation{}));
+    return out;
   }
   Body& body() { return body_; }
   const Body& body() const { return body_; }

@@ -69,6 +69,32 @@ inline constexpr const char* checkpoint_format = "kiln.checkpoint.1";
 // Tensor names under this prefix are training state, not the model's.
 inline constexpr const char* optimizer_prefix = "optimizer.";
 
+// How load_weights matches a file's tensors to the model's (PyTorch's load_state_dict options).
+//   train::load_weights("resnet50.safetensors", model,
+//                       {.strict = true, .skip = {"fc."}});   // torchvision's weights, a new head
+struct LoadOptions {
+  // Every model tensor must be in the file and the file may hold no others (PyTorch's
+  // strict=True). Not strict: what is absent keeps its values and what is extra is ignored; both
+  // are returned (LoadResult). Entries under "optimizer." (a kiln checkpoint's training state)
+  // are always allowed. A shape or dtype that differs is an error either way, as in PyTorch.
+  bool strict = true;
+  // Name prefixes left out on both sides: the model's tensors under them keep their values, the
+  // file's are ignored ({"fc."}: a new head for another class count).
+  std::vector<std::string> skip{};
+  // Maps a file name to the model's name for it (applied before `skip`); "" drops the tensor.
+  // E.g. [](const std::string& n) { return n.rfind("module.", 0) == 0 ? n.substr(7) : n; }.
+  std::function<std::string(const std::string&)> rename{};
+};
+
+// What a load left out (empty after a strict load): model tensors the file does not hold, and
+// file tensors the model does not have (under their renamed names), as PyTorch's load_state_dict
+// returns them; `skipped` counts the tensors `skip` left out on both sides.
+struct LoadResult {
+  std::vector<std::string> missing;
+  std::vector<std::string> unexpected;
+  index_t skipped = 0;
+};
+
 namespace detail {
 
 template <class Item>
@@ -99,14 +125,10 @@ void add_model_state(io::SafetensorsWriter& w, const Model& model) {
 // A loaded value waiting to be applied (everything is checked before the first one runs).
 using Apply = std::function<void()>;
 
-// Checks every model tensor against the file and queues its copy. strict: the file may hold no
-// other tensors than the model's (and, for a checkpoint, the optimizer's).
-KILN_COMPILED void stage_model_state(const io::SafetensorsFile& file, const io::ModelState& state, bool strict,
-                                     std::vector<Apply>& apply);
-template <class Model>
-void stage_model_state(const io::SafetensorsFile& file, Model& model, bool strict, std::vector<Apply>& apply) {
-  stage_model_state(file, io::model_state(model), strict, apply);
-}
+// Checks every model tensor against the file and queues its copy (see LoadOptions); a mismatch
+// is one DataError naming the first few of each kind and their counts.
+KILN_COMPILED LoadResult stage_model_state(const io::SafetensorsFile& file, const io::ModelState& state,
+                                           const LoadOptions& options, std::vector<Apply>& apply);
 
 // The name of each optimizer slot: the state_dict name of the parameter whose values it updates.
 KILN_COMPILED std::vector<std::string> slot_names(const io::ModelState& state, const optim::ParamTable& table);
@@ -152,23 +174,19 @@ void save_weights(const std::string& path, const Model& model) {
   w.write(path);
 }
 
-struct LoadOptions {
-  // Refuse a file that holds tensors the model does not have (PyTorch's strict=True). Entries
-  // under "optimizer." (a kiln checkpoint's training state) are always allowed.
-  bool strict = true;
-};
-
 // Loads weights saved by save_weights, save_checkpoint or PyTorch (safetensors.torch.save_file of
-// the equivalent module's state_dict()) into the model's memory space.
-// throws: DataError naming the file and what differs (a missing or extra name, expected vs found
-//   shape or dtype); the model is then unchanged.
+// the equivalent module's state_dict()) into the model's memory space; returns what a non-strict
+// load left out.
+// throws: DataError naming the file and what differs — the first few missing names, extra names
+//   and shapes or dtypes that differ, with each kind's count; the model is then unchanged.
 template <class Model>
-void load_weights(const std::string& path, Model& model, LoadOptions options = {}) {
+LoadResult load_weights(const std::string& path, Model& model, const LoadOptions& options = {}) {
   const auto file = io::SafetensorsFile::open(path);
   std::vector<detail::Apply> apply;
-  detail::stage_model_state(file, model, options.strict, apply);
+  LoadResult result = detail::stage_model_state(file, io::model_state(model), options, apply);
   for (auto& a : apply) a();
   if constexpr (requires { model.zero_grad(); }) model.zero_grad();
+  return result;
 }
 
 // ---- whole training state --------------------------------------------------------------------

@@ -28,33 +28,83 @@ KILN_COMPILED void add_model_state(io::SafetensorsWriter& w, const io::ModelStat
   }
 }
 
-KILN_COMPILED void stage_model_state(const io::SafetensorsFile& file, const io::ModelState& state, bool strict,
-                                     std::vector<Apply>& apply) {
+namespace {
+// "a, b, c and 7 more": the first few of a list, never a wall of names.
+std::string first_few(const std::vector<std::string>& names, std::size_t shown = 5) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < shown; ++i) out.append(i == 0 ? "" : ", ").append(names[i]);
+  if (names.size() > shown) out.append(" and ").append(std::to_string(names.size() - shown)).append(" more");
+  return out;
+}
+bool under_any(const std::string& name, const std::vector<std::string>& prefixes) {
+  for (const auto& p : prefixes)
+    if (name.rfind(p, 0) == 0) return true;
+  return false;
+}
+}  // namespace
+
+KILN_COMPILED LoadResult stage_model_state(const io::SafetensorsFile& file, const io::ModelState& state,
+                                           const LoadOptions& options, std::vector<Apply>& apply) {
+  LoadResult result;
+  // The file's tensors under the model's names (rename, then skip).
+  std::map<std::string, const io::TensorInfo*> by_name;
+  for (const auto& t : file.tensors()) {
+    if (t.name.rfind(optimizer_prefix, 0) == 0) continue;  // a checkpoint's training state
+    const std::string name = options.rename ? options.rename(t.name) : t.name;
+    if (name.empty()) continue;
+    if (under_any(name, options.skip)) {
+      ++result.skipped;
+      continue;
+    }
+    if (!by_name.emplace(name, &t).second)
+      file.fail("two tensors are renamed to \"", name, "\" (the second is \"", t.name, "\")");
+  }
   std::map<std::string, bool> used;
-  std::string missing;
+  std::vector<std::string> differ;  // "name (model [..] F32, file [..] F16)"
   for (const auto& t : state.tensors) {
-    const io::TensorInfo* info = file.find(t.name);
-    if (info == nullptr) {
-      missing += (missing.empty() ? "" : ", ") + t.name;
+    if (under_any(t.name, options.skip)) {
+      ++result.skipped;
+      continue;
+    }
+    auto it = by_name.find(t.name);
+    if (it == by_name.end()) {
+      result.missing.push_back(t.name);
       continue;
     }
     used[t.name] = true;
-    file.check(*info, t.type, dims_of(t.shape));
-    const auto bytes = file.bytes(*info);
+    const io::TensorInfo& info = *it->second;
+    const auto dims = dims_of(t.shape);
+    const std::string want = io::safetensors_name(t.type);
+    if (info.dtype != want || info.shape != dims) {
+      differ.push_back(t.name + " (model " + io::shape_text(dims) + " " + want + ", file " + io::shape_text(info.shape) +
+                       " " + info.dtype + ")");
+      continue;
+    }
+    const auto bytes = file.bytes(info);
     apply.push_back([dst = t.data, copy = t.copy_from_host, bytes] { copy(dst, bytes.data(), bytes.size()); });
   }
-  if (!missing.empty())
-    file.fail("the model's tensors ", missing, " are not in the file (it holds: ", [&] {
-      std::string have;
-      for (const auto& t : file.tensors()) have += (have.empty() ? "" : ", ") + t.name;
-      return have.empty() ? std::string("no tensors") : have;
-    }(), "); a checkpoint of another model?");
-  if (strict) {
-    std::string extra;
-    for (const auto& t : file.tensors())
-      if (!used.count(t.name) && t.name.rfind(optimizer_prefix, 0) != 0) extra += (extra.empty() ? "" : ", ") + t.name;
-    if (!extra.empty()) file.fail("holds tensors the model does not have: ", extra, "; a checkpoint of another model?");
+  for (const auto& [name, info] : by_name)
+    if (!used.count(name)) result.unexpected.push_back(name);
+  const bool refuse = !differ.empty() || (options.strict && (!result.missing.empty() || !result.unexpected.empty()));
+  if (refuse) {
+    apply.clear();
+    std::string what;
+    auto add = [&](const char* label, const std::vector<std::string>& names) {
+      if (names.empty()) return;
+      what.append(what.empty() ? "" : "; ").append(std::to_string(names.size())).append(" ").append(label);
+      what.append(": ").append(first_few(names));
+    };
+    add("with another shape or dtype", differ);
+    if (options.strict) {
+      add("of the model's tensors not in the file", result.missing);
+      add("of the file's tensors not in the model", result.unexpected);
+    }
+    file.fail("does not match the model (", state.tensors.size(), " tensors, the file ", file.tensors().size(),
+              "): ", what,
+              "; weights of another architecture? (a new head: LoadOptions::skip; other names: LoadOptions::rename; "
+              "strict = false loads what matches)");
   }
+  return result;
 }
 
 KILN_COMPILED std::vector<std::string> slot_names(const io::ModelState& state, const optim::ParamTable& table) {
@@ -184,7 +234,7 @@ KILN_COMPILED ReadCheckpoint read_checkpoint(const std::string& path, const Chec
   if (meta.text("kiln.optimizer") != step.optimizer)
     file.fail("was written with optimizer ", meta.text("kiln.optimizer"), ", this run uses ", step.optimizer);
 
-  stage_model_state(file, step.model, /*strict=*/true, out.apply);
+  stage_model_state(file, step.model, LoadOptions{}, out.apply);
 
   const optim::ParamTable& table = *step.table;
   const auto names = slot_names(step.model, table);
