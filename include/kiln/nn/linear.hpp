@@ -5,6 +5,11 @@
 // Backward is GEMMs only: act' and the bias gradient ride on the next layer's dX GEMM (or on one
 // dact kernel) and the weight gradient's GEMM (autograd/linear.hpp).
 //
+// Out may be dyn: a head whose size is known only at run time (the class count of an image folder),
+// Linear<2048, dyn>. It starts with no outputs and draws nothing; reset(outputs, seed) gives it
+// its size and fresh PyTorch-style values — replacing a loaded model's head is that one call,
+// made before the optimizer is built (the optimizer holds the parameters it was given).
+//
 // Space is where the parameters live (kiln::host or kiln::cuda). Initial values are always drawn
 // on the host, in PyTorch's order, and moved into Space (space_ops<Space>::from_host), so a
 // Linear<.., cuda> starts from exactly the numbers the host one does for the same seed. For
@@ -28,7 +33,8 @@ namespace kiln::nn {
 
 template <index_t In, index_t Out, bool Bias = true, class T = float, class Space = host>
 class Linear {
-  static_assert(In > 0 && Out > 0, "kiln::nn::Linear<In, Out>: both sizes must be positive");
+  static_assert(In > 0 && (Out > 0 || Out == dyn),
+                "kiln::nn::Linear<In, Out>: In must be positive, Out positive or dyn (a head sized at run time)");
 
  public:
   static constexpr index_t in_features = In;
@@ -46,8 +52,27 @@ class Linear {
 
   // Weight, then bias, from U(-1/sqrt(In), 1/sqrt(In)) (PyTorch's reset_parameters), drawn on
   // the host and moved into Space.
-  explicit Linear(Generator& gen) : weight_(init_weight(gen), true), bias_(init_bias(gen)) {}
+  explicit Linear(Generator& gen) : weight_(init_weight(gen, Out == dyn ? 0 : Out), true), bias_(init_bias(gen, Out == dyn ? 0 : Out)) {}
   explicit Linear(std::uint64_t seed = 0) : Linear(lvalue(Generator(seed))) {}
+
+  // Out = dyn: `outputs` outputs with fresh values from gen (drawn as Linear<In, outputs> draws
+  // them). The previous parameters are dropped: call it before building the optimizer.
+  void reset(index_t outputs, Generator& gen)
+    requires(Out == dyn)
+  {
+    KILN_CHECK(outputs > 0, ValueError, "Linear<", In, ", dyn>::reset: outputs = ", outputs, " must be positive");
+    weight_ = ag::Var<T, Space, Out, In>(init_weight(gen, outputs), true);
+    if constexpr (Bias) bias_ = init_bias(gen, outputs);
+    low_bf16_.reset();
+    low_f16_.reset();
+  }
+  void reset(index_t outputs, std::uint64_t seed)
+    requires(Out == dyn)
+  {
+    reset(outputs, lvalue(Generator(seed)));
+  }
+  // The number of outputs (Out, or a dyn head's current size).
+  index_t outputs() const { return weight_.value().shape()[0]; }
 
   // x [B, In] -> [B, Out]: ONE GEMM with a bias epilogue. x is T, or — under mixed precision —
   // bf16 / f16: the GEMM then reads the weight's copy in x's type (refresh_low_copy) and the
@@ -85,8 +110,8 @@ class Linear {
   void refresh_low_copy(Exec& exec) const {
     static_assert(std::is_same_v<L, bf16> || std::is_same_v<L, f16>, "kiln::nn::Linear: low copies are bf16 or f16");
     auto& slot = low_slot<L>();
-    if (!slot) slot = std::make_shared<Tensor<L, Space, Out, In>>();
-    const index_t n = Out * In;
+    if (!slot) slot = std::make_shared<Tensor<L, Space, Out, In>>(Shape{outputs(), In});
+    const index_t n = outputs() * In;
     exec.for_each_element(1, n, detail::RoundCopy<T, L>{weight_.value().data(), slot->data()}, kind::copy,
                           "round_weight", std::size_t(n) * (sizeof(T) + sizeof(L)));
   }
@@ -129,9 +154,11 @@ class Linear {
   static constexpr bool mixed_precision = true;
   static constexpr index_t low_copies = 1;
 
-  // "Linear<400, 256>" (", no bias" when it has none), for Sequential::describe().
-  static std::string describe() {
-    return "Linear<" + std::to_string(In) + ", " + std::to_string(Out) + (Bias ? ">" : ", no bias>");
+  // "Linear<400, 256>" (", no bias" when it has none; "Linear<2048, dyn = 5>" for a head sized at
+  // run time), for Sequential::describe().
+  std::string describe() const {
+    const std::string out = Out == dyn ? "dyn = " + std::to_string(outputs()) : std::to_string(Out);
+    return "Linear<" + std::to_string(In) + ", " + out + (Bias ? ">" : ", no bias>");
   }
 
   template <class F>
@@ -150,14 +177,14 @@ class Linear {
  private:
   static Generator& lvalue(Generator&& g) { return g; }
 
-  static Tensor<T, Space, Out, In> init_weight(Generator& gen) {
-    ag::Var<T, host, Out, In> w;
+  static Tensor<T, Space, Out, In> init_weight(Generator& gen, index_t outputs) {
+    ag::Var<T, host, Out, In> w(Tensor<T, host, Out, In>(Shape{outputs, In}));
     init::kaiming_uniform(w, gen, In);
     return space_ops<Space>::from_host(std::move(w.value()));
   }
-  static auto init_bias(Generator& gen) {
+  static auto init_bias(Generator& gen, index_t outputs) {
     if constexpr (Bias) {
-      ag::Var<T, host, Out> b;
+      ag::Var<T, host, Out> b(Tensor<T, host, Out>(Shape{outputs}));
       init::uniform(b, gen, -1.0 / std::sqrt(double(In)), 1.0 / std::sqrt(double(In)));
       return ag::Var<T, Space, Out>(space_ops<Space>::from_host(std::move(b.value())), true);
     } else {
@@ -167,15 +194,18 @@ class Linear {
 
   template <class Exec, class X, index_t B, index_t I>
   void check_input(const ag::Var<X, Space, B, I>& x) const {
-    KILN_CHECK(x.shape().rank == 2 && x.dim(1) == In, ShapeError, "Linear<", In, ", ", Out, ">: the input has shape ",
+    KILN_CHECK(x.shape().rank == 2 && x.dim(1) == In, ShapeError, describe(), ": the input has shape ",
                x.shape().str(), "; its last size must be ", In);
+    if constexpr (Out == dyn)
+      KILN_CHECK(outputs() > 0, ValueError, describe(), ": a head sized at run time has no outputs yet; call "
+                 "reset(outputs, seed) first");
   }
   template <class Act, class Exec, class X, index_t B, index_t I>
   auto run(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, I>& x) const {
     check_input<Exec>(x);
     const X* low = nullptr;
     if constexpr (!std::is_same_v<X, T>) {
-      KILN_CHECK(low_slot<X>() != nullptr, ValueError, "Linear<", In, ", ", Out, ">: a ", kiln::name(dtype_of<X>),
+      KILN_CHECK(low_slot<X>() != nullptr, ValueError, describe(), ": a ", kiln::name(dtype_of<X>),
                  " input needs the weight's ", kiln::name(dtype_of<X>), " copy; call refresh_low_copy (a train::Step does)");
       low = low_slot<X>()->data();
     }
