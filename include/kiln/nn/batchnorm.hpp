@@ -24,6 +24,7 @@
 #include "kiln/core/random.hpp"
 #include "kiln/nn/convnet_functors.hpp"
 #include "kiln/nn/empty_batch.hpp"
+#include "kiln/nn/half_io.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 
@@ -114,19 +115,26 @@ class BatchNorm2d {
   }
   explicit BatchNorm2d(Generator&) : BatchNorm2d() {}
 
-  template <class Exec, index_t B, index_t D1, index_t D2, index_t D3>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
+  // The layer's own type, or bf16 / f16 when T is float (mixed precision: the statistics, the
+  // parameters and the arithmetic stay float, nn/half_io.hpp).
+  template <class X>
+  static constexpr bool accepts_input = std::is_same_v<X, T> || (kiln::detail::is_half_v<X> && std::is_same_v<T, float>);
+
+  template <class Exec, class X, index_t B, index_t D1, index_t D2, index_t D3>
+    requires accepts_input<X>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, D1, D2, D3>& x) const {
     return run<fn::Identity>(tape, x);
   }
-  template <class Act, class Exec, index_t B, index_t D1, index_t D2, index_t D3>
-  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
+  template <class Act, class Exec, class X, index_t B, index_t D1, index_t D2, index_t D3>
+    requires accepts_input<X>
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, D1, D2, D3>& x) const {
     static_assert(requires { typename Act::functor; },
                   "kiln::nn::BatchNorm2d::forward_fused<Act>: the activation must name its kiln::fn functor "
                   "(kiln::nn::Activation<F>)");
     if (tape.force_eager()) {  // two kernels, as asked (kiln/force_eager.hpp)
-      using X = std::decay_t<decltype(x)>;
+      using XV = std::decay_t<decltype(x)>;
       using Y = decltype(run<typename Act::functor>(tape, x));
-      return kiln::ag::detail::run_eager_form(&detail::forward_fused_eager<Act, BatchNorm2d, Exec, X, Y>,
+      return kiln::ag::detail::run_eager_form(&detail::forward_fused_eager<Act, BatchNorm2d, Exec, XV, Y>,
                                               "BatchNorm2d::forward_fused", *this, tape, x);
     }
     return run<typename Act::functor>(tape, x);
@@ -168,6 +176,8 @@ class BatchNorm2d {
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   static constexpr index_t parameter_tensors = 2;
+  // Runs on bf16 / f16 activations (train::Step's mixed precisions, on the CPU).
+  static constexpr bool mixed_precision = true;
   static std::string describe() {
     return (Layout == layout::nhwc ? "BatchNorm2d[nhwc]<" : "BatchNorm2d<") + std::to_string(C) + ">";
   }
@@ -179,11 +189,16 @@ class BatchNorm2d {
     return space_ops<Space>::from_host(std::move(t));
   }
 
-  template <class F, class Exec, index_t B, index_t D1, index_t D2, index_t D3>
-  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
+  template <class F, class Exec, class XT, index_t B, index_t D1, index_t D2, index_t D3>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<XT, Space, B, D1, D2, D3>& x) const {
     static_assert(std::is_same_v<Space, typename Exec::space>,
                   "kiln::nn::BatchNorm2d: the input must live in the executor's memory space");
-    using Out = image_var_t<T, Space, B, output_sample<image_sample_t<Layout, D1, D2, D3>>, Layout>;
+    // bf16 / f16 activations: the kernels run on widened copies (nn/half_io.hpp).
+    constexpr bool half = !std::is_same_v<XT, T>;
+    static_assert(!half || std::is_same_v<Space, host>,
+                  "kiln::nn::BatchNorm2d: bf16 / f16 activations run on the CPU so far (the device's half-precision "
+                  "convnet path is not written yet): use fp32 or tf32 on the device");
+    using Out = image_var_t<XT, Space, B, output_sample<image_sample_t<Layout, D1, D2, D3>>, Layout>;
     using Act = detail::bn_activation<F>;
     using K = detail::bn_kernels<Layout>;
     constexpr bool nhwc = Layout == layout::nhwc;
@@ -202,10 +217,22 @@ class BatchNorm2d {
     }
     Out out{typename Out::tensor_type(s)};
     if constexpr (!std::is_same_v<Space, host>) {
-      run_device<F>(tape, x, out, n, hw);
+      if constexpr (!half) run_device<F>(tape, x, out, n, hw);
     } else {
       const int threads = tape.exec().threads();
-      const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
+      const std::size_t bytes = std::size_t(s.size()) * sizeof(XT) * 2;
+      std::vector<float> x_wide, y_wide;  // half-precision activations: the kernels' float copies
+      const T* xin = nullptr;
+      T* yout = nullptr;
+      if constexpr (half) {
+        x_wide = detail::widened(x.value().data(), s.size());
+        y_wide.resize(std::size_t(s.size()));
+        xin = x_wide.data();
+        yout = y_wide.data();
+      } else {
+        xin = x.value().data();
+        yout = out.value().data();
+      }
       const std::string name = is_identity_act_v<F> ? std::string("batch_norm") : std::string("batch_norm+") + F::name;
       tape.exec().stats().count(kind::norm, name, s.size(), bytes);
       const bool train = updates_statistics();
@@ -213,16 +240,16 @@ class BatchNorm2d {
       auto saved = std::make_shared<std::vector<T>>(train ? std::size_t(2 * C) : 0);
       Buffers& buf = *buffers_;
       if (train) {
-        K::train_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
-                                       momentum_, buf.running_mean.data(), buf.running_var.data(), out.value().data(),
-                                       saved->data(), saved->data() + C, threads, Act{});
+        K::train_forward(n, C, hw, xin, weight_.value().data(), bias_.value().data(), eps_, momentum_,
+                         buf.running_mean.data(), buf.running_var.data(), yout, saved->data(), saved->data() + C,
+                         threads, Act{});
         tape.exec().stats().host_state("batch norm's count of batches");
         ++buf.batches_tracked;
       } else {
-        K::eval_forward(n, C, hw, x.value().data(), weight_.value().data(), bias_.value().data(), eps_,
-                                      buf.running_mean.data(), buf.running_var.data(), out.value().data(), threads,
-                                      Act{});
+        K::eval_forward(n, C, hw, xin, weight_.value().data(), bias_.value().data(), eps_, buf.running_mean.data(),
+                        buf.running_var.data(), yout, threads, Act{});
       }
+      if constexpr (half) detail::store_rounded(out.value().data(), yout, s.size());
       const auto wd = weight_.data(), bd = bias_.data();
       const bool any = x.requires_grad() || wd->requires_grad || bd->requires_grad;
       if (!any || !tape.recording()) return out;
@@ -239,11 +266,26 @@ class BatchNorm2d {
                     exec.stats().count(kind::norm, name + "_backward", n * C * hw, bytes * 2);
                     const bool want_dx = xd->requires_grad;
                     const bool add_x = want_dx && xd->grad_valid;
-                    std::vector<T> tmp(add_x ? std::size_t(n * C * hw) : 0);
-                    T* dx = want_dx ? (add_x ? tmp.data() : xd->ensure_grad()) : nullptr;
+                    // A half-precision dx is computed in float and rounded into the gradient.
+                    std::vector<T> tmp((add_x || (half && want_dx)) ? std::size_t(n * C * hw) : 0);
+                    T* dx = nullptr;
+                    if (want_dx) {
+                      if (!tmp.empty()) dx = tmp.data();
+                      else if constexpr (!half) dx = xd->ensure_grad();
+                    }
                     T dgamma[C], dbeta[C];
-                    const T* X = xd->value.data();
-                    const T* G = od.grad.data();
+                    std::vector<float> x_wide, g_wide;
+                    const T* X = nullptr;
+                    const T* G = nullptr;
+                    if constexpr (half) {
+                      x_wide = detail::widened(xd->value.data(), n * C * hw);
+                      g_wide = detail::widened(od.grad.data(), n * C * hw);
+                      X = x_wide.data();
+                      G = g_wide.data();
+                    } else {
+                      X = xd->value.data();
+                      G = od.grad.data();
+                    }
                     if (train) {
                       K::backward(n, C, hw, X, G, wd->value.data(), saved->data(), saved->data() + C,
                                                 dx, dgamma, dbeta, exec.threads(), bd->value.data(), Act{});
@@ -253,7 +295,9 @@ class BatchNorm2d {
                                                      exec.threads(), Act{});
                     }
                     if (want_dx) {
-                      if (add_x) {
+                      if constexpr (half) {
+                        detail::store_rounded(xd->ensure_grad(), tmp.data(), n * C * hw, add_x);
+                      } else if (add_x) {
                         T* g = xd->ensure_grad();
                         for (index_t i = 0; i < n * C * hw; ++i) g[i] += tmp[std::size_t(i)];
                       }

@@ -13,6 +13,8 @@
 // output's H and W are static too.
 //
 // Where it runs: the CPU backend (kiln/backend/cpu/conv2d.hpp: chunked im2col + kiln's GEMM).
+// Under mixed precision (bf16 / f16 activations, float master weights) the CPU runs the float
+// kernels on widened values and the weight's half-precision copy (kiln/nn/half_io.hpp).
 // The CUDA path (cuDNN) is not written yet; a model with a Conv2d on kiln::cuda is a
 // static_assert saying so.
 #pragma once
@@ -31,6 +33,7 @@
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/convnet_functors.hpp"
 #include "kiln/nn/empty_batch.hpp"
+#include "kiln/nn/half_io.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 
@@ -276,6 +279,93 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
   return out;
 }
 
+// conv2d_impl under mixed precision (nn/half_io.hpp): x, the output and the kept pre-activation
+// in X (bf16 / f16), the weight read from its X copy `low` (so the products are the half-precision
+// ones), the float kernels on widened buffers that live for the call, the weight's and the bias's
+// gradients in float. The CPU only so far.
+template <class Out, class Act, layout L, class Exec, class X, class S, index_t... D, class WD, class BD, class Low>
+Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::shared_ptr<WD> wd, std::shared_ptr<BD> bd,
+                     std::shared_ptr<Low> low, const Conv2dGeometry& g) {
+  static_assert(std::is_same_v<S, host>,
+                "kiln::nn::Conv2d: bf16 / f16 activations run on the CPU so far (cuDNN's half-precision path is not "
+                "written yet): use fp32 or tf32 on the device");
+  constexpr bool nhwc = L == layout::nhwc;
+  const Shape xs = x.shape(), ws = wd->value.shape();
+  KILN_CHECK(xs.rank == 4, ShapeError, "conv2d: the input must be ", layout_dims(L), ", got shape ", xs.str());
+  KILN_CHECK(ws.rank == 4 && xs[nhwc ? 3 : 1] == ws[1] && ws[2] == g.kernel && ws[3] == g.kernel, ShapeError,
+             "conv2d: the input has shape ", xs.str(), " (", layout_dims(L), ") but the weight has shape ", ws.str(),
+             " (kernel ", g.kernel, "): the input's channels must equal the weight's second size");
+  const cpu::Conv2dShape s = conv_shape<L>(xs, ws[0], g);
+  const Shape out_shape = nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c_out} : Shape{s.n, s.c_out, s.out_h(), s.out_w()};
+  if (s.n == 0) {
+    cpu::Conv2dShape one = s;
+    one.n = 1;
+    one.check("conv2d");
+    return empty_batch_output<Out>(tape, out_shape, x, wd, bd);
+  }
+  s.check("conv2d");
+  KILN_CHECK(low != nullptr, ValueError, "conv2d: a ", kiln::name(dtype_of<X>), " input needs the weight's ",
+             kiln::name(dtype_of<X>), " copy; call refresh_low_copy (a train::Step does)");
+  const index_t ohw = s.out_h() * s.out_w(), y_size = s.n * s.c_out * ohw;
+  Out out{typename Out::tensor_type(out_shape)};
+  const bool any = x.requires_grad() || wd->requires_grad || (bd && bd->requires_grad);
+  const bool recording = any && tape.recording();
+  constexpr bool has_act = !is_identity_act_v<Act>;
+  const std::size_t x_bytes = std::size_t(xs.size()) * sizeof(X), y_bytes = std::size_t(y_size) * sizeof(X);
+  tape.exec().stats().count(kind::gemm, has_act ? std::string("conv2d+bias+") + Act::name : std::string("conv2d"),
+                            y_size, x_bytes + y_bytes);
+  {
+    const auto wf = widened(low->data(), low->size());
+    const auto xf = widened(x.value().data(), xs.size());
+    std::vector<float> yf(static_cast<std::size_t>(y_size));
+    std::vector<float> keep(has_act && recording ? std::size_t(y_size) : 0);
+    const ConvFinish<float, Act> finish{bd ? bd->value.data() : nullptr, keep.empty() ? nullptr : keep.data(), s.c_out,
+                                        ohw};
+    if constexpr (nhwc) cpu::conv2d_nhwc_forward_epilogue(s, xf.data(), wf.data(), yf.data(), tape.exec().threads(), finish);
+    else cpu::conv2d_forward_epilogue(s, xf.data(), wf.data(), yf.data(), tape.exec().threads(), finish);
+    store_rounded(out.value().data(), yf.data(), y_size);
+    if (!recording) return out;
+    auto pre = std::make_shared<std::vector<X>>(keep.size());
+    store_rounded(pre->data(), keep.data(), index_t(keep.size()));
+    out.set_requires_grad(true);
+    std::vector<std::shared_ptr<ag::VarNode>> inputs{x.data(), wd};
+    if (bd) inputs.push_back(bd);
+    tape.record(out, std::move(inputs), [xd = x.data(), wd, bd, pre, low, s, y_size, x_bytes, y_bytes](Exec& exec, auto& od) {
+      if (!od.grad_valid) return;
+      const int threads = exec.threads();
+      std::vector<float> dy = widened(od.grad.data(), y_size);
+      if constexpr (has_act) {
+        exec.stats().count(kind::elementwise, std::string("backward(") + Act::name + ")", y_size, y_bytes * 3);
+        for (index_t i = 0; i < y_size; ++i) dy[std::size_t(i)] *= Act{}.d(static_cast<float>((*pre)[std::size_t(i)]));
+      }
+      if (xd->requires_grad) {
+        exec.stats().count(kind::gemm, "conv2d_backward_data", s.n * s.c_in * s.h * s.w, x_bytes + y_bytes);
+        const auto wf = widened(low->data(), low->size());
+        put_rounded_input_grad(*xd, [&](float* dx) { conv_backward_data<L>(s, dy.data(), wf.data(), dx, threads); });
+      }
+      const bool dw = wd->requires_grad, db = bd && bd->requires_grad;
+      if (dw || db) {
+        exec.stats().count(kind::gemm, "conv2d_backward_filter", wd->value.size(), x_bytes + y_bytes);
+        const index_t wn = wd->value.size();
+        const auto xf = widened(xd->value.data(), xd->value.size());
+        std::vector<float> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
+        if constexpr (L == layout::nhwc)
+          cpu::conv2d_nhwc_backward_filter(s, xf.data(), dy.data(), gw.data(), db ? gb.data() : nullptr, threads);
+        else cpu::conv2d_backward_filter(s, xf.data(), dy.data(), gw.data(), db ? gb.data() : nullptr, threads);
+        if (dw) {
+          write_or_add(wd->ensure_grad(), gw.data(), wn, wd->grad_valid);
+          wd->grad_valid = true;
+        }
+        if (db) {
+          write_or_add(bd->ensure_grad(), gb.data(), s.c_out, bd->grad_valid);
+          bd->grad_valid = true;
+        }
+      }
+    });
+  }
+  return out;
+}
+
 }  // namespace detail
 
 // y = conv2d(x, weight, bias): x [N, Cin, H, W], weight [Cout, Cin, K, K], bias [Cout].
@@ -346,26 +436,31 @@ class Conv2d {
   static constexpr layout image_layout = Layout;
   template <class In>
   using output_sample = typename detail::conv_accepts<Conv2d, In>::type;
+  // The layer's own type, or bf16 / f16 when T is float (mixed precision, nn/half_io.hpp).
+  template <class X>
+  static constexpr bool accepts_input = std::is_same_v<X, T> || (kiln::detail::is_half_v<X> && std::is_same_v<T, float>);
 
   // Weight, then bias, from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = Cin*K*K (PyTorch's
   // reset_parameters), drawn on the host and moved into Space.
   explicit Conv2d(Generator& gen) : weight_(init_weight(gen), true), bias_(init_bias(gen)) {}
   explicit Conv2d(std::uint64_t seed = 0) : Conv2d(lvalue(Generator(seed))) {}
 
-  template <class Exec, index_t B, index_t D1, index_t D2, index_t D3>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
+  template <class Exec, class X, index_t B, index_t D1, index_t D2, index_t D3>
+    requires accepts_input<X>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, D1, D2, D3>& x) const {
     return run<fn::Identity>(tape, x);
   }
   // act(conv(x) + b) in ONE pass; Act is an activation layer with a kiln::fn functor.
-  template <class Act, class Exec, index_t B, index_t D1, index_t D2, index_t D3>
-  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
+  template <class Act, class Exec, class X, index_t B, index_t D1, index_t D2, index_t D3>
+    requires accepts_input<X>
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, D1, D2, D3>& x) const {
     static_assert(requires { typename Act::functor; },
                   "kiln::nn::Conv2d::forward_fused<Act>: the activation must name its kiln::fn functor "
                   "(kiln::nn::Activation<F>)");
     if (tape.force_eager()) {  // two kernels, as asked (kiln/force_eager.hpp)
-      using X = std::decay_t<decltype(x)>;
+      using XV = std::decay_t<decltype(x)>;
       using Y = decltype(run<typename Act::functor>(tape, x));
-      return kiln::ag::detail::run_eager_form(&detail::forward_fused_eager<Act, Conv2d, Exec, X, Y>,
+      return kiln::ag::detail::run_eager_form(&detail::forward_fused_eager<Act, Conv2d, Exec, XV, Y>,
                                               "Conv2d::forward_fused", *this, tape, x);
     }
     return run<typename Act::functor>(tape, x);
@@ -392,6 +487,22 @@ class Conv2d {
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_fused<void>(c); }
   static constexpr index_t parameter_tensors = Bias ? 2 : 1;
+  // Runs on bf16 / f16 activations with float master parameters (train::Step's mixed precisions,
+  // on the CPU), keeping one low-precision copy of its weight.
+  static constexpr bool mixed_precision = true;
+  static constexpr index_t low_copies = 1;
+
+  // Mixed precision: the weight's values in L (bf16 or f16), rounded from the float master weight
+  // by ONE kernel; a training step calls it at start and after every optimizer step.
+  template <class L, class Exec>
+  void refresh_low_copy(Exec& exec) const {
+    static_assert(std::is_same_v<L, bf16> || std::is_same_v<L, f16>, "kiln::nn::Conv2d: low copies are bf16 or f16");
+    auto& slot = low_slot<L>();
+    if (!slot) slot = std::make_shared<Tensor<L, Space, Cout, Cin, Kernel, Kernel>>();
+    constexpr index_t n = Cout * Cin * Kernel * Kernel;
+    exec.for_each_element(1, n, detail::RoundCopy<T, L>{weight_.value().data(), slot->data()}, kind::copy,
+                          "round_weight", std::size_t(n) * (sizeof(T) + sizeof(L)));
+  }
 
   static std::string describe() {
     return detail::describe_conv2d(Layout == layout::nhwc, Cin, Cout, Kernel, Stride, Padding, Dilation, Bias);
@@ -428,17 +539,32 @@ class Conv2d {
     }
   }
 
-  template <class Act, class Exec, index_t B, index_t D1, index_t D2, index_t D3>
-  auto run(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, D1, D2, D3>& x) const {
-    using Out = image_var_t<T, Space, B, output_sample<image_sample_t<Layout, D1, D2, D3>>, Layout>;
+  template <class Act, class Exec, class X, index_t B, index_t D1, index_t D2, index_t D3>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, D1, D2, D3>& x) const {
+    using Out = image_var_t<X, Space, B, output_sample<image_sample_t<Layout, D1, D2, D3>>, Layout>;
     using None = std::shared_ptr<typename ag::Var<T, Space, Cout>::data_type>;
     const Conv2dGeometry g{Kernel, Stride, Padding, Dilation};
-    if constexpr (Bias) return detail::conv2d_impl<Out, Act, Layout>(tape, x, weight_.data(), bias_.data(), g);
-    else return detail::conv2d_impl<Out, Act, Layout>(tape, x, weight_.data(), None(), g);
+    if constexpr (!std::is_same_v<X, T>) {
+      if constexpr (Bias) return detail::conv2d_half_impl<Out, Act, Layout>(tape, x, weight_.data(), bias_.data(), low_slot<X>(), g);
+      else return detail::conv2d_half_impl<Out, Act, Layout>(tape, x, weight_.data(), None(), low_slot<X>(), g);
+    } else if constexpr (Bias) {
+      return detail::conv2d_impl<Out, Act, Layout>(tape, x, weight_.data(), bias_.data(), g);
+    } else {
+      return detail::conv2d_impl<Out, Act, Layout>(tape, x, weight_.data(), None(), g);
+    }
+  }
+  template <class L>
+  auto& low_slot() const {
+    if constexpr (std::is_same_v<L, bf16>) return low_bf16_;
+    else return low_f16_;
   }
 
   ag::Var<T, Space, Cout, Cin, Kernel, Kernel> weight_;
   [[no_unique_address]] std::conditional_t<Bias, ag::Var<T, Space, Cout>, std::nullptr_t> bias_;
+  // The weight in bf16 / f16 for mixed precision (shared like the parameters), made by the first
+  // refresh_low_copy.
+  mutable std::shared_ptr<Tensor<bf16, Space, Cout, Cin, Kernel, Kernel>> low_bf16_;
+  mutable std::shared_ptr<Tensor<f16, Space, Cout, Cin, Kernel, Kernel>> low_f16_;
 };
 
 }  // namespace kiln::nn

@@ -283,6 +283,7 @@ struct FlattenLayout {
     return {1, c.input_grad ? 1 : 0};
   }
   static constexpr Launches launches(const LaunchContext& c) { return launches_for<any_sample>(c); }
+  static constexpr bool mixed_precision = true;  // a copy, in any type
   static std::string describe() { return Layout == layout::nhwc ? "Flatten[nhwc]" : "Flatten"; }
 
   template <class Exec, class T, class S, index_t D0, index_t... Rest>

@@ -18,6 +18,7 @@
 #include "kiln/backend/cpu/pool2d_nhwc.hpp"
 #include "kiln/nn/convnet_functors.hpp"
 #include "kiln/nn/empty_batch.hpp"
+#include "kiln/nn/half_io.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
 
@@ -94,6 +95,8 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
   if constexpr (std::is_same_v<S, host>) tape.exec().stats().count(kind::other, Layer::name, y_size, bytes);
   const bool record = x.requires_grad() && tape.recording();
   if constexpr (!std::is_same_v<S, host>) {
+    static_assert(!kiln::detail::is_half_v<T>, "kiln::nn pooling: bf16 / f16 activations run on the CPU so far "
+                                              "(the device's half-precision convnet path is not written yet)");
     // A device: one thread per output forward, one per input backward (a gather; max pool
     // recomputes its window's maximum from x instead of storing it).
     const PoolGeometry g{s.n, s.c, s.h, s.w, s.out_h(), s.out_w(), Layer::kernel, Layer::stride, Layer::padding, nhwc};
@@ -126,24 +129,40 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
   }
   auto argmax = std::make_shared<std::vector<std::int64_t>>(Max && record ? std::size_t(y_size) : 0);
   std::int64_t* arg = argmax->empty() ? nullptr : argmax->data();
-  const T* X = x.value().data();
-  T* Y = out.value().data();
-  if constexpr (Max && nhwc) cpu::max_pool2d_nhwc_forward(s, X, Y, arg);
-  else if constexpr (Max) cpu::max_pool2d_forward(s, X, Y, arg);
-  else if constexpr (nhwc) cpu::avg_pool2d_nhwc_forward(s, X, Y, Layer::count_include_pad);
-  else cpu::avg_pool2d_forward(s, X, Y, Layer::count_include_pad);
+  // The CPU kernels, on float or double (a half-precision input runs them on widened values,
+  // nn/half_io.hpp: max pooling picks the same element, average pooling sums in float).
+  auto forward_kernel = [&](const auto* X, auto* Y) {
+    if constexpr (Max && nhwc) cpu::max_pool2d_nhwc_forward(s, X, Y, arg);
+    else if constexpr (Max) cpu::max_pool2d_forward(s, X, Y, arg);
+    else if constexpr (nhwc) cpu::avg_pool2d_nhwc_forward(s, X, Y, Layer::count_include_pad);
+    else cpu::avg_pool2d_forward(s, X, Y, Layer::count_include_pad);
+  };
+  if constexpr (kiln::detail::is_half_v<T>) {
+    const auto xf = widened(x.value().data(), xs.size());
+    std::vector<float> yf(static_cast<std::size_t>(y_size));
+    forward_kernel(xf.data(), yf.data());
+    store_rounded(out.value().data(), yf.data(), y_size);
+  } else {
+    forward_kernel(x.value().data(), out.value().data());
+  }
   if (!record) return out;
   out.set_requires_grad(true);
-  tape.record(out, {x.data()}, [xd = x.data(), argmax, s, bytes](Exec& exec, auto& od) {
+  tape.record(out, {x.data()}, [xd = x.data(), argmax, s, bytes, y_size](Exec& exec, auto& od) {
     if (!od.grad_valid || !xd->requires_grad) return;
     exec.stats().count(kind::other, std::string(Layer::name) + "_backward", xd->value.size(), bytes);
-    const T* G = od.grad.data();
-    put_input_grad(*xd, [&](T* dx) {
+    auto backward_kernel = [&](const auto* G, auto* dx) {
       if constexpr (Max && nhwc) cpu::max_pool2d_nhwc_backward(s, G, argmax->data(), dx);
       else if constexpr (Max) cpu::max_pool2d_backward(s, G, argmax->data(), dx);
       else if constexpr (nhwc) cpu::avg_pool2d_nhwc_backward(s, G, dx, Layer::count_include_pad);
       else cpu::avg_pool2d_backward(s, G, dx, Layer::count_include_pad);
-    });
+    };
+    if constexpr (kiln::detail::is_half_v<T>) {
+      const auto gf = widened(od.grad.data(), y_size);
+      put_rounded_input_grad(*xd, [&](float* dx) { backward_kernel(gf.data(), dx); });
+    } else {
+      const T* G = od.grad.data();
+      put_input_grad(*xd, [&](T* dx) { backward_kernel(G, dx); });
+    }
   });
   return out;
 }
@@ -168,6 +187,8 @@ struct MaxPool2d {
     return detail::pool2d<MaxPool2d, true>(tape, x);
   }
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
+  // Runs on bf16 / f16 activations (train::Step's mixed precisions; nn/half_io.hpp).
+  static constexpr bool mixed_precision = true;
   static std::string describe() {
     return std::string(Layout == layout::nhwc ? "MaxPool2d[nhwc]<" : "MaxPool2d<") + std::to_string(Kernel) + (Stride != Kernel ? ", stride " + std::to_string(Stride) : "") +
            (Padding ? ", pad " + std::to_string(Padding) : "") + ">";
@@ -194,6 +215,7 @@ struct AvgPool2d {
     return detail::pool2d<AvgPool2d, false>(tape, x);
   }
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
+  static constexpr bool mixed_precision = true;  // as MaxPool2d
   static std::string describe() {
     return std::string(Layout == layout::nhwc ? "AvgPool2d[nhwc]<" : "AvgPool2d<") + std::to_string(Kernel) + (Stride != Kernel ? ", stride " + std::to_string(Stride) : "") +
            (Padding ? ", pad " + std::to_string(Padding) : "") + (CountIncludePad ? ">" : ", exclude pad>");
@@ -244,9 +266,21 @@ struct GlobalAvgPoolLayout {
     constexpr bool on_host = std::is_same_v<S, host>;
     if constexpr (on_host) {
       tape.exec().stats().count(kind::reduce, "global_avg_pool", n * c, bytes);
-      if constexpr (nhwc) cpu::global_avg_pool_nhwc_forward(n, c, h, w, x.value().data(), out.value().data());
-      else cpu::global_avg_pool_forward(n, c, h, w, x.value().data(), out.value().data());
+      auto kernel = [&](const auto* X, auto* Y) {
+        if constexpr (nhwc) cpu::global_avg_pool_nhwc_forward(n, c, h, w, X, Y);
+        else cpu::global_avg_pool_forward(n, c, h, w, X, Y);
+      };
+      if constexpr (kiln::detail::is_half_v<T>) {  // summed in float (nn/half_io.hpp)
+        const auto xf = detail::widened(x.value().data(), xs.size());
+        std::vector<float> yf(static_cast<std::size_t>(n * c));
+        kernel(xf.data(), yf.data());
+        detail::store_rounded(out.value().data(), yf.data(), n * c);
+      } else {
+        kernel(x.value().data(), out.value().data());
+      }
     } else {  // a device: a team per plane
+      static_assert(!kiln::detail::is_half_v<T>, "kiln::nn::GlobalAvgPool: bf16 / f16 activations run on the CPU so "
+                                                "far (the device's half-precision convnet path is not written yet)");
       detail::launch_lines<false>(tape.exec(), n * c, h * w,
                                   detail::GlobalAvgRows<T>{x.value().data(), out.value().data(), c, h * w, nhwc},
                                   "global_avg_pool", bytes, kind::reduce);
@@ -258,10 +292,16 @@ struct GlobalAvgPoolLayout {
       const T* G = od.grad.data();
       if constexpr (on_host) {
         exec.stats().count(kind::other, "global_avg_pool_backward", xd->value.size(), bytes);
-        detail::put_input_grad(*xd, [&](T* dx) {
-          if constexpr (nhwc) cpu::global_avg_pool_nhwc_backward(n, c, h, w, G, dx);
-          else cpu::global_avg_pool_backward(n, c, h, w, G, dx);
-        });
+        auto kernel = [&](const auto* dy, auto* dx) {
+          if constexpr (nhwc) cpu::global_avg_pool_nhwc_backward(n, c, h, w, dy, dx);
+          else cpu::global_avg_pool_backward(n, c, h, w, dy, dx);
+        };
+        if constexpr (kiln::detail::is_half_v<T>) {
+          const auto gf = detail::widened(G, n * c);
+          detail::put_rounded_input_grad(*xd, [&](float* dx) { kernel(gf.data(), dx); });
+        } else {
+          detail::put_input_grad(*xd, [&](T* dx) { kernel(G, dx); });
+        }
       } else {
         const bool add = xd->grad_valid;
         exec.for_each_element(1, xd->value.size(),
@@ -273,6 +313,7 @@ struct GlobalAvgPoolLayout {
     return out;
   }
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
+  static constexpr bool mixed_precision = true;  // as MaxPool2d
   static std::string describe() { return Layout == layout::nhwc ? "GlobalAvgPool[nhwc]" : "GlobalAvgPool"; }
 };
 using GlobalAvgPool = GlobalAvgPoolLayout<layout::nchw>;

@@ -72,6 +72,7 @@ struct Unflatten {
     return out;
   }
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
+  static constexpr bool mixed_precision = true;  // a copy, in any type
   static std::string describe() {
     return std::string(Layout == layout::nhwc ? "Unflatten[nhwc]<" : "Unflatten<") + std::to_string(C) + ", " + std::to_string(H) + ", " + std::to_string(W) + ">";
   }

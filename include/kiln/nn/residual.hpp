@@ -34,6 +34,7 @@ struct IdentityShortcut {
     return x;
   }
   static constexpr Launches launches(const LaunchContext&) { return {}; }
+  static constexpr bool mixed_precision = true;
   static std::string describe() { return "identity"; }
 };
 
@@ -82,11 +83,15 @@ class Residual {
   auto forward(ag::Tape<Exec>& tape, const X& x) {
     const auto a = body_.forward(tape, x);
     const auto& b = shortcut_.forward(tape, x);
-    if constexpr (std::is_void_v<Activation>) return ag::map(tape, a + b);
-    else if constexpr (std::is_same_v<typename decltype(a)::value_type, compute_t<typename decltype(a)::value_type>>)
-      return ag::map(tape, Activation::apply(a + b));
-    else  // bf16 / f16 activations: computed in float, rounded as stored, in the same kernel
-      return ag::map(tape, cast<typename decltype(a)::value_type>(Activation::apply(a + b)));
+    using V = typename decltype(a)::value_type;
+    constexpr bool half = !std::is_same_v<V, compute_t<V>>;  // bf16 / f16: computed in float, rounded as stored
+    if constexpr (std::is_void_v<Activation>) {
+      if constexpr (half) return ag::map(tape, cast<V>(a + b));
+      else return ag::map(tape, a + b);
+    } else {
+      if constexpr (half) return ag::map(tape, cast<V>(Activation::apply(a + b)));
+      else return ag::map(tape, Activation::apply(a + b));
+    }
   }
 
   template <class F>
@@ -118,6 +123,15 @@ class Residual {
   }
   static constexpr index_t parameter_tensors =
       detail::parameter_tensors_of<Body>() + detail::parameter_tensors_of<SC>();
+  // bf16 / f16 activations when both branches take them (the sum runs in float, rounded once).
+  static constexpr bool mixed_precision = detail::mixed_precision_of<Body>() && detail::mixed_precision_of<SC>();
+  static constexpr index_t low_copies = detail::low_copies_of<Body>() + detail::low_copies_of<SC>();
+  template <class L, class Exec>
+  void refresh_low_copy(Exec& exec) const {
+    if constexpr (requires { body_.template refresh_low_copy<L>(exec); }) body_.template refresh_low_copy<L>(exec);
+    if constexpr (requires { shortcut_.template refresh_low_copy<L>(exec); })
+      shortcut_.template refresh_low_copy<L>(exec);
+  }
 
   std::string describe() const {
     std::string out = "Residual(" + detail::describe_layer(body_);

@@ -283,6 +283,7 @@ class Sequential {
     return std::get<I>(layers_);
   }
   static constexpr std::size_t size() { return N; }
+  using layer_types = std::tuple<Layers...>;
   // Whether layer i runs layer i + 1 (an activation) in its own epilogue (a Linear or Conv2d
   // followed by an activation): the two are one step, forward and backward.
   static constexpr bool fuses_with_next(std::size_t i) { return fuses_next(i); }

@@ -1,0 +1,49 @@
+// kiln/nn/half_io.hpp — the CPU convnet layers under mixed precision: bf16 / f16 activations in
+// and out, float arithmetic inside.
+//
+// Under bf16_mixed / fp16_mixed a layer's input, output and saved activations are 2-byte values
+// (what a step keeps between forward and backward halves), while the CPU kernels of convolution,
+// batch norm and pooling compute in float: a layer widens what it reads into a float buffer that
+// lives for one call, runs the float kernel, and rounds what it writes (round to nearest even,
+// once). A convolution reads the bf16 / f16 copy of its weight, so its products are exactly the
+// half-precision products a tensor-core convolution forms, summed in float; batch-norm statistics
+// stay float. The buffers are transient: nothing a step keeps is float.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "kiln/core/dtype.hpp"
+
+namespace kiln::nn::detail {
+
+// n values of x as floats.
+template <class X>
+std::vector<float> widened(const X* x, index_t n) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) out[std::size_t(i)] = static_cast<float>(x[i]);
+  return out;
+}
+
+// dst = round(src), or with add dst = round(float(dst) + src): n values.
+template <class X>
+void store_rounded(X* dst, const float* src, index_t n, bool add = false) {
+  if (add) {
+    for (index_t i = 0; i < n; ++i) dst[i] = X(static_cast<float>(dst[i]) + src[i]);
+  } else {
+    for (index_t i = 0; i < n; ++i) dst[i] = X(src[i]);
+  }
+}
+
+// The input gradient a float kernel computes (`compute(float* dx)`, overwriting) into xd's
+// half-precision gradient: written, or added when one is valid.
+template <class Node, class F>
+void put_rounded_input_grad(Node& xd, const F& compute) {
+  const index_t n = xd.value.size();
+  std::vector<float> dx(static_cast<std::size_t>(n));
+  compute(dx.data());
+  store_rounded(xd.ensure_grad(), dx.data(), n, xd.grad_valid);
+  xd.grad_valid = true;
+}
+
+}  // namespace kiln::nn::detail

@@ -1,0 +1,183 @@
+// Mixed precision for convnets on the CPU (issue 29): Conv2d, BatchNorm2d, the pools and residual
+// sums take bf16 / f16 activations, compute in float on widened values (the convolution with its
+// weight's half-precision copy) and round once per store — so a layer's bf16 output is exactly the
+// float layer's output on the rounded inputs, rounded. A small ResNet trains under bf16_mixed and
+// fp16_mixed, tracking the fp32 loss curve, with the launches its type predicts.
+#include <kiln/nn/named.hpp>
+#include <kiln/train.hpp>
+
+#include <doctest/doctest.h>
+
+#include "step_helpers.hpp"
+
+#include <cmath>
+#include <vector>
+
+using namespace kiln;
+
+namespace {
+
+using Tape = ag::Tape<CpuExecutor>;
+
+// Random bf16 images [n, c, h, w] and the same values as floats.
+template <index_t C, index_t H, index_t W>
+std::pair<ag::Var<bf16, host, dyn, C, H, W>, ag::Var<float, host, dyn, C, H, W>> images(index_t n, std::uint64_t seed) {
+  Tensor<bf16, host, dyn, C, H, W> half(Shape{n, C, H, W});
+  Tensor<float, host, dyn, C, H, W> wide(Shape{n, C, H, W});
+  Generator g(seed);
+  for (index_t i = 0; i < half.size(); ++i) {
+    half.data()[i] = bf16(g.uniform(-2.f, 2.f));
+    wide.data()[i] = float(half.data()[i]);
+  }
+  return {ag::Var<bf16, host, dyn, C, H, W>(std::move(half), true), ag::Var<float, host, dyn, C, H, W>(std::move(wide), true)};
+}
+
+// got (bf16) == round(want (float)), element by element.
+template <class A, class B>
+void check_rounded(const A& got, const B& want) {
+  REQUIRE(got.size() == want.size());
+  index_t differ = 0;
+  for (index_t i = 0; i < got.size(); ++i) differ += float(got.data()[i]) != float(bf16(want.data()[i])) ? 1 : 0;
+  CHECK(differ == 0);
+}
+
+// Backward of sum(y * r) for a fixed r, so every output element has its own gradient.
+template <class Y>
+void backward_projected(Tape& tape, const Y& y, std::uint64_t seed) {
+  using V = typename Y::value_type;
+  Tensor<V, host, dyn, dyn> r(Shape{y.dim(0), y.value().size() / y.dim(0)});
+  Generator g(seed);
+  for (index_t i = 0; i < r.size(); ++i) r.data()[i] = V(g.uniform(-1.f, 1.f));
+  const auto rows = nn::Flatten{}.forward(tape, y);
+  tape.backward(ag::sum(tape, ag::map(tape, cast<float>(rows) * cast<float>(r))));
+}
+
+}  // namespace
+
+TEST_CASE("mixed precision: a bf16 Conv2d + ReLU is the float convolution of the rounded values, rounded") {
+  CpuExecutor exec(1);
+  Tape tape(exec);
+  nn::Conv2d<3, 5, 3, 2, 1> conv(7);
+  conv.refresh_low_copy<bf16>(exec);
+  // The float reference reads the weight rounded to bf16, as the half-precision path does.
+  nn::Conv2d<3, 5, 3, 2, 1> rounded(7);
+  for (index_t i = 0; i < rounded.weight().value().size(); ++i)
+    rounded.weight().value().data()[i] = float(bf16(rounded.weight().value().data()[i]));
+  auto [xh, xf] = images<3, 9, 11>(4, 3);
+  const auto yh = conv.forward_fused<nn::ReLU>(tape, xh);
+  const auto yf = rounded.forward_fused<nn::ReLU>(tape, xf);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(yh)>, ag::Var<bf16, host, dyn, 5, 5, 6>>);
+  check_rounded(yh.value(), yf.value());
+  // Backward: the input's gradient (bf16) and the weight's (float) from the same dy.
+  backward_projected(tape, yh, 9);
+  const std::vector<float> dw_half(conv.weight().grad().data(), conv.weight().grad().data() + conv.weight().value().size());
+  Tape again(exec);
+  backward_projected(again, rounded.forward_fused<nn::ReLU>(again, xf), 9);
+  // dy rounded to bf16 (the output's gradient is stored in the activation type) is the difference
+  // from the float reference: within a few bf16 ulps of the largest gradient.
+  auto worst_of = [](const auto* got, const float* want, index_t n) {
+    double worst = 0, scale = 0;
+    for (index_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::abs(double(float(got[i])) - double(want[i])));
+      scale = std::max(scale, std::abs(double(want[i])));
+    }
+    CHECK(scale > 0);
+    return worst / scale;
+  };
+  const double dx_err = worst_of(xh.grad().data(), xf.grad().data(), xf.value().size());
+  const double dw_err = worst_of(dw_half.data(), rounded.weight().grad().data(), rounded.weight().value().size());
+  MESSAGE("bf16 conv backward, worst error relative to the largest: dx ", dx_err, ", dw ", dw_err);
+  CHECK(dx_err <= 1.0 / 128);
+  CHECK(dw_err <= 1.0 / 128);
+}
+
+TEST_CASE("mixed precision: bf16 BatchNorm2d, pools and a residual sum are their float selves on rounded values") {
+  CpuExecutor exec(2);
+  Tape tape(exec);
+  auto [xh, xf] = images<4, 6, 6>(3, 5);
+  nn::BatchNorm2d<4> bn_half, bn_float;
+  check_rounded(bn_half.forward_fused<nn::ReLU>(tape, xh).value(), bn_float.forward_fused<nn::ReLU>(tape, xf).value());
+  // The running statistics are float and move the same way.
+  for (index_t c = 0; c < 4; ++c)
+    CHECK(bn_half.buffers().running_mean.data()[c] == bn_float.buffers().running_mean.data()[c]);
+  check_rounded(nn::MaxPool2d<3, 2, 1>{}.forward(tape, xh).value(), nn::MaxPool2d<3, 2, 1>{}.forward(tape, xf).value());
+  check_rounded(nn::AvgPool2d<2>{}.forward(tape, xh).value(), nn::AvgPool2d<2>{}.forward(tape, xf).value());
+  check_rounded(nn::GlobalAvgPool{}.forward(tape, xh).value(), nn::GlobalAvgPool{}.forward(tape, xf).value());
+  using Block = nn::Residual<nn::Sequential<nn::Conv2d<4, 4, 3, 1, 1>>, void, nn::ReLU>;
+  static_assert(Block::mixed_precision);
+  Block block(2);
+  block.refresh_low_copy<bf16>(exec);
+  const auto y = block.forward(tape, xh);
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(y)>::value_type, bf16>);
+  for (index_t i = 0; i < y.value().size(); ++i) CHECK(float(y.value().data()[i]) >= 0.0f);
+}
+
+namespace {
+
+using SmallResNet =
+    nn::Sequential<nn::Unflatten<3, 8, 8>, nn::Named<"conv1", nn::Conv2d<3, 8, 3, 1, 1, 1, false>>,
+                   nn::Named<"bn1", nn::BatchNorm2d<8>>, nn::ReLU, nn::MaxPool2d<2>,
+                   nn::Residual<nn::Sequential<nn::Conv2d<8, 8, 3, 1, 1, 1, false>, nn::BatchNorm2d<8>, nn::ReLU,
+                                               nn::Conv2d<8, 8, 3, 1, 1, 1, false>, nn::BatchNorm2d<8>>,
+                                void, nn::ReLU>,
+                   nn::GlobalAvgPool, nn::Named<"fc", nn::Linear<8, 4>>>;
+
+// A learnable problem on 3x8x8 images: the label is the channel-and-half (of four regions) with
+// the largest mean.
+kiln_step_test::OwnedBatch image_batch(index_t rows, std::uint64_t seed) {
+  Generator g(seed);
+  kiln_step_test::OwnedBatch b;
+  b.dim = 3 * 8 * 8;
+  for (index_t r = 0; r < rows; ++r) {
+    const auto label = std::int32_t(g.below(4));
+    for (index_t c = 0; c < 3; ++c)
+      for (index_t p = 0; p < 64; ++p) {
+        const bool hot = (label == 3 && c == 0 && p < 32) || (label < 3 && c == label && p >= 32);
+        b.x.push_back(g.uniform(-1.f, 1.f) + (hot ? 1.5f : 0.0f));
+      }
+    b.y.push_back(label);
+  }
+  return b;
+}
+
+template <class Policy>
+std::vector<float> resnet_losses(int steps, index_t* launches_measured = nullptr, index_t* launches_predicted = nullptr) {
+  CpuExecutor exec(2);
+  SmallResNet model(4);
+  optim::AdamW opt(model, {.lr = 3e-3});
+  train::Step step(model, opt, exec, Policy{}, {}, {.loss_window = 1000});
+  for (int s = 0; s < steps; ++s) {
+    auto b = image_batch(16, 700 + s);
+    const auto before = exec.stats().launches();
+    step(b.batch());
+    if (s == steps - 1 && launches_measured) {
+      *launches_measured = index_t(exec.stats().launches() - before);
+      *launches_predicted = step.predicted_launches();
+    }
+  }
+  return step.take_losses();
+}
+
+}  // namespace
+
+TEST_CASE("mixed precision: a small ResNet trains under bf16_mixed and fp16_mixed, tracking fp32, launches as predicted") {
+  static_assert(SmallResNet::mixed_precision);
+  const int steps = 40;
+  const auto fp32 = resnet_losses<kiln::policy<>>(steps);
+  index_t measured = 0, predicted = 0;
+  const auto bf = resnet_losses<kiln::policy<kiln::precision::bf16_mixed>>(steps, &measured, &predicted);
+  CHECK(measured == predicted);
+  const auto half = resnet_losses<kiln::policy<kiln::precision::fp16_mixed>>(steps, &measured, &predicted);
+  CHECK(measured == predicted);
+  double worst_bf = 0, worst_half = 0;
+  for (int s = 0; s < steps; ++s) {
+    const double f = fp32[std::size_t(s)];
+    worst_bf = std::max(worst_bf, std::abs(double(bf[std::size_t(s)]) - f) / f);
+    worst_half = std::max(worst_half, std::abs(double(half[std::size_t(s)]) - f) / f);
+  }
+  MESSAGE("worst relative loss difference to fp32: bf16 ", worst_bf, ", fp16 ", worst_half);
+  CHECK(worst_bf <= 0.05);
+  CHECK(worst_half <= 0.02);
+  CHECK(bf.back() < 0.7 * bf.front());
+  CHECK(half.back() < 0.7 * half.front());
+}
