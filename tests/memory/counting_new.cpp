@@ -1,7 +1,6 @@
-// The global operator new / delete of the kiln_tests_memory binary, counting (counting_new.hpp).
-// Sizes are malloc's usable sizes, so a block counts what it really holds.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
+// The global operator new / delete of the kiln_tests_memory binary (and bench/memory_plan),
+// counting (counting_new.hpp). Sizes are malloc's usable sizes, so a block counts what it really
+// holds.
 
 #include <malloc.h>
 

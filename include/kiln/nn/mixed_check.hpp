@@ -60,4 +60,15 @@ constexpr bool mixed_ok() {
 template <class Model>
 inline constexpr bool mixed_precision_ok = detail::mixed_ok<Model>();
 
+// mixed_precision_ok<Model>, looked at only when Mixed (so an fp32 step or plan of a model with a
+// layer that has no half-precision path compiles): what train::Step and plan_memory assert.
+template <bool Mixed, class Model>
+struct mixed_precision_required {
+  static constexpr bool value = true;
+};
+template <class Model>
+struct mixed_precision_required<true, Model> {
+  static constexpr bool value = mixed_precision_ok<Model>;
+};
+
 }  // namespace kiln::nn

@@ -1,22 +1,33 @@
-// kiln/train/memory_plan.hpp — how much memory a training step of a model takes, from its type:
-// parameters, their gradients, the optimizer's state, the weights' low-precision copies, and the
-// activations a step keeps per sample (each layer's output and, in backward, its gradient, and
-// the buffers a fused activation's backward takes) — and so the largest batch that fits a budget.
+// kiln/train/memory_plan.hpp — how much memory a training step of a model takes: parameters,
+// their gradients, the optimizer's state, the weights' low-precision copies, the activations a
+// step keeps per sample, and the scratch of its GEMMs and convolutions — and so the largest batch
+// that fits a budget.
 //
-//   auto plan = kiln::train::plan_memory<Model, kiln::optim::AdamW<>>(kiln::policy<>{});
-//   std::puts(plan.str(64).c_str());
+//   kiln::optim::AdamW opt(model, {.lr = 3e-4});
+//   auto plan = kiln::train::plan_memory<kiln::optim::AdamW<>, kiln::policy<kiln::precision::bf16_mixed>>(
+//       model, opt.options());
+//   std::puts(plan.str(32).c_str());
 //   index_t batch = plan.largest_batch(plan.default_budget());   // free memory less a margin
 //
-// What the model counts is what kiln allocates in the fused stance: every layer's output (a fused
-// Linear + activation is one), the output's gradient, for a fused activation one buffer more (the
-// dZ its folded backward writes, or its own scratch), the step's input buffer, and the loss's
-// per-row values. tests/cpu/test_memory_plan.cpp holds the CPU prediction to within 10% of what
-// a counting allocator sees at batch 64 and 1024 (the digits MLP). force_eager keeps a buffer
-// per expression node and is not modelled (a plan says so); convolutions count their outputs and
-// gradients but not their workspaces.
+// The walk goes through every depth (Sequential, Residual, Repeat, Named; a Linear or Conv2d and
+// the activation it fuses count once) and follows the parameters' requires_grad flags now, as the
+// tape does: a layer whose input needs no gradient and whose parameters are all frozen records
+// nothing, so its output lives only until the next layer has read it (a transient, the largest of
+// which counts once), while a recorded layer keeps its output until backward and gets its
+// gradient there (value + gradient per output element, and a fused activation's pre-activation).
+// Under mixed precision activations are 2 bytes and the CPU's float working copies of a
+// convolution's or batch norm's input and output (nn/half_io.hpp) count as a transient.
+// Gradient buffers and the optimizer's state are the trainable parameters'. force_eager keeps a buffer per expression node and is not modelled (a plan
+// says so). tests/memory/test_memory_plan.cpp holds the CPU prediction to within 10% of a
+// counting allocator's peak for the digits MLP, and examples/finetune_resnet --plan checks
+// ResNet-50 at 224x224 against its measured peak (training and fine-tuning, batches 2, 8, 16).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
+#include <tuple>
+#include <vector>
 #include <cstdio>
 #include <functional>
 #include <fstream>
@@ -29,7 +40,10 @@
 #include "kiln/core/dtype.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/sample_shape.hpp"
+#include "kiln/nn/freeze.hpp"
+#include "kiln/nn/mixed_check.hpp"
 #include "kiln/nn/sequential.hpp"
+#include "kiln/backend/cpu/conv2d.hpp"
 #include "kiln/policy/info.hpp"
 #include "kiln/policy/policy.hpp"
 
@@ -57,15 +71,23 @@ struct MemoryPlan {
 
 namespace detail {
 
-template <class Model>
-struct sequential_layers;
-template <class... L>
-struct sequential_layers<nn::Sequential<L...>> {
-  using tuple = std::tuple<L...>;
-  static constexpr std::size_t count = sizeof...(L);
-  template <std::size_t I>
-  using sample_before = typename nn::detail::prefix_fold<I, nn::any_sample, L...>::type;
+// What the walk has counted so far, in elements per sample (bytes for the transient).
+struct PlanWalk {
+  bool mixed = false;
+  std::size_t activation = 4;   // bytes per activation element (2 under mixed precision)
+  bool input_grad = false;      // whether the layer now being walked gets an input that needs a gradient
+  std::size_t kept = 0;         // bytes per sample kept until backward (values, gradients, saved extras)
+  std::size_t transient = 0;    // the largest per-sample bytes alive for one layer only
+  std::size_t linear_weights = 0;  // weights with a low-precision copy (mixed precision)
+  std::vector<cpu::Conv2dShape> convs;  // for the convolutions' scratch (one image each)
+  std::vector<std::array<index_t, 2>> linears;  // in, out: for the GEMM workspace
+  bool known = true;            // false: a size the walk could not see (a plan says so)
 };
+
+template <index_t C, index_t H, index_t W>
+constexpr std::array<index_t, 3> image_dims(nn::sample<C, H, W>*) {
+  return {C, H, W};
+}
 
 template <class S>
 constexpr index_t sample_elements() {
@@ -73,23 +95,98 @@ constexpr index_t sample_elements() {
   else return dyn;
 }
 
-// Elements per sample layer I keeps (see the header comment), or dyn when a size is unknown.
-template <class Model, std::size_t I>
-constexpr index_t layer_elements() {
-  using Info = sequential_layers<Model>;
-  if constexpr (I > 0 && Model::fuses_with_next(I - 1)) return 0;  // runs inside the previous layer
-  constexpr bool fused = Model::fuses_with_next(I);
-  constexpr index_t out = sample_elements<typename Info::template sample_before<fused ? I + 2 : I + 1>>();
-  if constexpr (out == dyn) return dyn;
-  else return 2 * out + (fused ? out : 0);  // value and gradient, and a fused activation's dZ
+template <class L>
+bool layer_trains(const L& l) {
+  return nn::param_grads_of(l).any;
 }
 
-template <class Model, std::size_t... I>
-constexpr index_t model_elements(std::index_sequence<I...>) {
-  index_t total = 0;
-  bool known = true;
-  ((layer_elements<Model, I>() == dyn ? (known = false, 0) : (total += layer_elements<Model, I>(), 0)), ...);
-  return known ? total : dyn;
+// A leaf layer of input sample In (and the activation it runs in its epilogue, Fused: void or the
+// activation layer): its output's bytes, kept or transient.
+template <class In, class Fused, class L>
+void plan_leaf(const L& l, PlanWalk& w) {
+  using Out = nn::output_sample_t<L, In>;
+  // The model's own input (any_sample before an Unflatten) is the step's input buffer, counted apart.
+  constexpr index_t in = sample_elements<In>() == dyn ? 0 : sample_elements<In>(), out = sample_elements<Out>();
+  if constexpr (out == dyn) {
+    w.known = false;
+  } else {
+    const bool recorded = w.input_grad || layer_trains(l);
+    const std::size_t a = w.activation;
+    if (recorded) {
+      // The output (value and gradient); a fused activation keeps its pre-activation too.
+      w.kept += 2 * std::size_t(out) * a + (nn::applies_activation<Fused>() ? std::size_t(out) * a : 0);
+    } else {
+      w.transient = std::max(w.transient, std::size_t(in + out) * a);
+    }
+    if constexpr (requires { L::in_channels; L::kernel; }) {  // Conv2d: its scratch (samples are <C, H, W> in either layout)
+      if constexpr (requires { In::rank; }) {
+        if constexpr (In::rank == 3) {
+          const auto [c, h, wd] = detail::image_dims(static_cast<In*>(nullptr));
+          w.convs.push_back({.n = 1, .c_in = c, .h = h, .w = wd, .c_out = L::out_channels, .kh = L::kernel,
+                             .kw = L::kernel, .stride_h = L::stride, .stride_w = L::stride, .pad_h = L::padding,
+                             .pad_w = L::padding, .dil_h = L::dilation, .dil_w = L::dilation});
+        }
+      }
+    }
+    if (w.mixed && (requires { L::in_channels; } || requires { L::channels; }))  // conv, batch norm: float copies
+      w.transient = std::max(w.transient, std::size_t(in + out) * (sizeof(float) + (recorded ? 0 : a)));
+    if constexpr (nn::detail::takes_fold_of<L>() && requires { L::in_features; }) {
+      w.linears.push_back({L::in_features, out});
+      if constexpr (nn::detail::low_copies_of<L>() > 0) w.linear_weights += std::size_t(L::in_features) * std::size_t(out);
+    } else if constexpr (nn::detail::low_copies_of<L>() > 0 && requires { L::in_channels; L::kernel; }) {
+      w.linear_weights += std::size_t(L::out_channels * L::in_channels * L::kernel * L::kernel);
+    }
+    w.input_grad = recorded;
+  }
+}
+
+template <class In, class M>
+void plan_walk(const M& m, PlanWalk& w);
+
+template <class In, class M, std::size_t I, std::size_t N>
+void plan_sequential(const M& m, PlanWalk& w) {
+  if constexpr (I < N) {
+    using Types = typename M::layer_types;
+    using L = std::tuple_element_t<I, Types>;
+    if constexpr (M::fuses_with_next(I)) {  // a Linear / Conv2d / BatchNorm2d and the activation it runs
+      plan_leaf<In, std::tuple_element_t<I + 1, Types>>(m.template layer<I>(), w);
+      using Next = nn::output_sample_t<std::tuple_element_t<I + 1, Types>, nn::output_sample_t<L, In>>;
+      plan_sequential<Next, M, I + 2, N>(m, w);
+    } else {
+      plan_walk<In>(m.template layer<I>(), w);
+      plan_sequential<nn::output_sample_t<L, In>, M, I + 1, N>(m, w);
+    }
+  }
+}
+
+// The walk of any layer of input sample In: containers by what they expose, leaves counted.
+template <class In, class M>
+void plan_walk(const M& m, PlanWalk& w) {
+  if constexpr (requires { typename M::layer_type; M::name; }) {  // nn::Named
+    plan_walk<In>(static_cast<const typename M::layer_type&>(m), w);
+  } else if constexpr (requires { typename M::layer_types; }) {  // nn::Sequential
+    plan_sequential<In, M, 0, std::tuple_size_v<typename M::layer_types>>(m, w);
+  } else if constexpr (requires { m.body(); m.shortcut(); }) {  // nn::Residual: both branches, then the sum
+    const bool in_grad = w.input_grad;
+    plan_walk<In>(m.body(), w);
+    const bool body_grad = w.input_grad;
+    w.input_grad = in_grad;
+    if constexpr (M::has_projection) plan_walk<In>(m.shortcut(), w);  // the identity makes no tensor
+    const bool recorded = body_grad || w.input_grad;
+    using Out = nn::output_sample_t<M, In>;
+    if constexpr (sample_elements<Out>() != dyn) {
+      constexpr std::size_t out = std::size_t(sample_elements<Out>());
+      if (recorded) w.kept += 2 * out * w.activation;
+      else w.transient = std::max(w.transient, 3 * out * w.activation);  // the two branches and the sum
+    }
+    w.input_grad = recorded;
+  } else if constexpr (requires { M::count; m.first(); m.block(1); }) {  // nn::Repeat
+    plan_walk<In>(m.first(), w);
+    using After = nn::output_sample_t<typename M::first_type, In>;
+    for (index_t i = 1; i < M::count; ++i) plan_walk<After>(m.block(i), w);
+  } else {
+    plan_leaf<In, void>(m, w);
+  }
 }
 
 // The optimizer's state in floats per trainable parameter value.
@@ -102,71 +199,49 @@ constexpr std::size_t optimizer_floats(const Options& o) {
 
 }  // namespace detail
 
-// The largest CPU GEMM workspace of a step at `batch`: each Linear's forward (batch x out x in),
-// weight gradient (out x in x batch) and — past the first layer with parameters, whose input is
-// data — input gradient (batch x in x out).
-template <class Model, class T, std::size_t... I>
-std::size_t linear_gemm_workspace(index_t batch, int threads, std::index_sequence<I...>) {
-  using Info = detail::sequential_layers<Model>;
-  std::size_t most = 0;
-  bool input_grad = false;
-  auto one = [&]<class L>(std::type_identity<L>) {
-    if constexpr (nn::detail::takes_fold_of<L>() && requires { L::in_features; L::out_features; }) {
-      constexpr index_t in = L::in_features, out = L::out_features;
-      most = std::max({most, cpu::gemm_workspace_bytes<T>(batch, out, in, threads),
-                       cpu::gemm_workspace_bytes<T>(out, in, batch, threads)});
-      if (input_grad) most = std::max(most, cpu::gemm_workspace_bytes<T>(batch, in, out, threads));
-    }
-    if constexpr (nn::detail::parameter_tensors_of<L>() > 0) input_grad = true;
-  };
-  (one(std::type_identity<std::tuple_element_t<I, typename Info::tuple>>{}), ...);
-  return most;
-}
-
-// Weights of the model's Linear layers: what mixed precision keeps a 2-byte copy of.
-template <class Model, std::size_t... I>
-constexpr index_t linear_weights(std::index_sequence<I...>) {
-  using Info = detail::sequential_layers<Model>;
-  index_t n = 0;
-  auto one = [&]<class L>(std::type_identity<L>) {
-    if constexpr (nn::detail::low_copies_of<L>() > 0 && requires { L::in_features; L::out_features; })
-      n += L::in_features * L::out_features;
-  };
-  (one(std::type_identity<std::tuple_element_t<I, typename Info::tuple>>{}), ...);
-  return n;
-}
-
 // The plan for `model` trained by Optimizer (with `options`) under a policy given as values
-// (kiln/policy/info.hpp: a step's policy(), whatever its type). Activations are counted in the
-// policy's activation type (2 bytes under mixed precision); parameters, gradients and optimizer
-// state in the model's type; frozen parameters (nn/freeze.hpp) get no optimizer state.
+// (kiln/policy/info.hpp: a step's policy(), whatever its type), for the parameters' requires_grad
+// flags now (freeze before planning a fine-tune).
 template <class Optimizer, class Model>
 MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& options, int threads,
                        const PolicyInfo& policy) {
-  using Info = detail::sequential_layers<Model>;
-  constexpr index_t elements = detail::model_elements<Model>(std::make_index_sequence<Info::count>{});
-  static_assert(elements != dyn,
-                "kiln::train::plan_memory: a layer's output size is not known at compile time; the planner needs "
-                "every size (start an image model with nn::Unflatten<C, H, W>)");
   using value = typename Model::value_type;
   const bool mixed = policy.mixed;
-  const std::size_t activation = mixed ? 2 : sizeof(value);
+  detail::PlanWalk walk{.mixed = mixed, .activation = mixed ? 2 : sizeof(value)};
+  detail::plan_walk<nn::any_sample>(model, walk);
+  KILN_CHECK(walk.known, ValueError, "plan_memory: a layer's output size is not known at compile time; the planner "
+             "needs every size (start an image model with nn::Unflatten<C, H, W>)");
   MemoryPlan plan;
   plan.model = model.describe();
   plan.parameters = std::size_t(model.parameter_count()) * sizeof(value);
-  plan.gradients = plan.parameters;  // static-shape variables hold theirs from construction
+  // Gradient buffers: the trainable parameters' (a frozen one gets none, nn/freeze.hpp).
+  plan.gradients = std::size_t(model.trainable_parameter_count()) * sizeof(value);
   plan.optimizer = std::size_t(model.trainable_parameter_count()) * sizeof(float) *
                    detail::optimizer_floats<Optimizer>(options);
-  plan.low_copies = mixed ? std::size_t(linear_weights<Model>(std::make_index_sequence<Info::count>{})) * 2 : 0;
-  // The step's input rows, the activations, and the loss's per-row values (3 floats: the row's
-  // loss, its log-sum-exp and its label).
-  plan.per_sample = std::size_t(Model::in_features + elements) * activation + 3 * sizeof(float);
+  plan.low_copies = mixed ? walk.linear_weights * 2 : 0;
+  // The step's input rows, what the walk keeps and its largest transient, and the loss's per-row
+  // values (3 floats: the row's loss, its log-sum-exp and its label).
+  plan.per_sample = std::size_t(Model::in_features) * walk.activation + walk.kept + walk.transient + 3 * sizeof(float);
   plan.modelled = !policy.eager;
   if constexpr (std::is_same_v<typename Model::space, host>) {
-    plan.workspace = [threads, mixed](index_t batch) {
-      constexpr auto seq = std::make_index_sequence<Info::count>{};
-      return mixed ? linear_gemm_workspace<Model, bf16>(batch, threads, seq)
-                   : linear_gemm_workspace<Model, value>(batch, threads, seq);
+    plan.workspace = [threads, mixed, linears = walk.linears, convs = walk.convs](index_t batch) {
+      std::size_t most = 0;
+      for (const auto& [in, out] : linears) {  // forward, weight gradient, input gradient
+        auto ws = [&](index_t m, index_t n, index_t k) {
+          return mixed ? cpu::gemm_workspace_bytes<bf16>(m, n, k, threads) : cpu::gemm_workspace_bytes<value>(m, n, k, threads);
+        };
+        most = std::max({most, ws(batch, out, in), ws(out, in, batch), ws(batch, in, out)});
+      }
+      // A convolution's two scratch buffers (columns and output, grown to the largest chunk and
+      // kept, per thread: kiln/backend/cpu/conv2d.hpp), and its GEMM's packing.
+      std::size_t conv = 0;
+      for (cpu::Conv2dShape s : convs) {
+        s.n = batch;
+        const index_t chunk = cpu::detail::conv2d_chunk<float>(s), ohw = s.out_h() * s.out_w();
+        conv = std::max(conv, std::size_t(s.col_rows() + s.c_out) * std::size_t(chunk * ohw) * sizeof(float));
+        most = std::max(most, cpu::gemm_workspace_bytes<float>(s.c_out, chunk * ohw, s.col_rows(), threads));
+      }
+      return most + conv;
     };
   } else {
     plan.workspace = [](index_t) { return std::size_t{32} << 20; };  // cuBLASLt's (Lt::default_workspace_bytes)
@@ -178,6 +253,8 @@ MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& op
 template <class Optimizer, class Policy = kiln::policy<>, class Model>
 MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& options = {}, int threads = 1) {
   using P = typename Policy::precision;
+  // A policy train::Step refuses is refused here too (the layer without a half-precision path named).
+  static_assert(nn::mixed_precision_required<P::mixed, Model>::value);
   return plan_memory<Optimizer>(model, options, threads,
                                 {.precision = P::name, .eager = std::is_same_v<typename Policy::stance, stance::force_eager>,
                                  .mixed = P::mixed});

@@ -83,19 +83,6 @@ constexpr PolicyInfo policy_info() {
           .accumulate = Policy::accumulate};
 }
 
-namespace detail {
-// nn::mixed_precision_ok<Model>, looked at only under a mixed precision (so an fp32 step of a model
-// with a layer that has no half-precision path compiles).
-template <bool Mixed, class Model>
-struct model_runs_mixed {
-  static constexpr bool value = true;
-};
-template <class Model>
-struct model_runs_mixed<true, Model> {
-  static constexpr bool value = nn::mixed_precision_ok<Model>;
-};
-}  // namespace detail
-
 template <class Model, class Optimizer, class Exec, class Policy = kiln::policy<>, class Loss = CrossEntropy>
 class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
   static_assert(is_policy_v<Policy>,
@@ -105,7 +92,7 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
                 "a fusion boundary kiln cannot see through; remove fullgraph or the opaque layer");
   // Under bf16_mixed / fp16_mixed every layer runs on half-precision activations; the first that
   // cannot is named by the compiler (kiln/nn/mixed_check.hpp).
-  static_assert(detail::model_runs_mixed<Policy::precision::mixed, Model>::value);
+  static_assert(nn::mixed_precision_required<Policy::precision::mixed, Model>::value);
   using Base = StepBase<Model, Optimizer, Exec, Loss>;
 
  public:
