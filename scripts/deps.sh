@@ -5,6 +5,9 @@ set -euo pipefail
 need=()
 [ -f /usr/include/doctest/doctest.h ] || need+=(doctest-dev)
 [ -f /usr/include/zlib.h ] || need+=(zlib1g-dev)
+# JPEG and PNG decoding for image folders (kiln/data/image.hpp).
+[ -f /usr/include/jpeglib.h ] || need+=(libjpeg62-turbo-dev)
+[ -f /usr/include/png.h ] || need+=(libpng-dev)
 ls /usr/include/x86_64-linux-gnu/openblas*/cblas.h >/dev/null 2>&1 || [ -f /usr/include/cblas.h ] || need+=(libopenblas-dev)
 # MPI for data-parallel jobs (kiln/dist/): mpirun and the headers and library to build against.
 command -v mpirun >/dev/null || need+=(openmpi-bin)

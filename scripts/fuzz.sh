@@ -5,7 +5,7 @@
 # and leaves the input in build-fuzz/crash-<name>-*; make it a regression test
 # (tests/cpu/test_fuzz_regressions.cpp) when it happens.
 #
-#   scripts/fuzz.sh [--seconds 60] [name ...]      # names: idx csv checkpoint (default: all)
+#   scripts/fuzz.sh [--seconds 60] [name ...]      # names: idx csv checkpoint image (default: all)
 #
 # Prints one line per harness: executions, corpus size, coverage (libFuzzer's final stats).
 set -euo pipefail
@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
     *) names+=("$1"); shift ;;
   esac
 done
-[ ${#names[@]} -gt 0 ] || names=(idx csv checkpoint)
+[ ${#names[@]} -gt 0 ] || names=(idx csv checkpoint image)
 cxx=$(command -v clang++-14 || command -v clang++ || true)
 if [ -z "$cxx" ]; then
   echo "fuzz.sh: no clang++ (libFuzzer needs clang; apt-get install clang-14)" >&2
@@ -30,8 +30,11 @@ mkdir -p "$out"
 # One harness: build, run, report (a line on stdout; the log's tail on stderr when it fails).
 fuzz_one() {
   local name=$1 bin=$out/fuzz_$1
+  local libs=(-lz)
+  # The image decoder needs libjpeg and libpng (scripts/deps.sh installs them).
+  [ "$name" = image ] && libs+=(-DKILN_HAVE_JPEG=1 -DKILN_HAVE_PNG=1 -ljpeg -lpng)
   "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iinclude -DKILN_HAVE_ZLIB=1 "fuzz/fuzz_$name.cpp" -lz -o "$bin" || return 1
+    -Iinclude -DKILN_HAVE_ZLIB=1 "fuzz/fuzz_$name.cpp" "${libs[@]}" -o "$bin" || return 1
   local corpus=$out/corpus_$name  # the seeds plus what this run finds; the committed seeds stay as they are
   mkdir -p "$corpus"
   local log=$out/fuzz_$name.log

@@ -12,15 +12,22 @@ KILN_COMPILED Dataset subset(const Dataset& ds, std::span<const index_t> rows) {
   out.d = ds.d;
   out.num_classes = ds.num_classes;
   out.sample_shape = ds.sample_shape;
-  out.features.resize(static_cast<std::size_t>(out.n * out.d));
+  if (!ds.produce) out.features.resize(static_cast<std::size_t>(out.n * out.d));
   out.labels.resize(rows.size());
   for (std::size_t k = 0; k < rows.size(); ++k) {
     const index_t i = rows[k];
     KILN_CHECK(i >= 0 && i < ds.n, ValueError, "subset: row ", i, " is outside [0, ", ds.n, ")");
-    if (ds.d > 0)
+    if (!ds.produce && ds.d > 0)
       std::memcpy(out.features.data() + static_cast<index_t>(k) * ds.d,
                   ds.features.data() + i * ds.d, static_cast<std::size_t>(ds.d) * sizeof(float));
     out.labels[k] = ds.labels[static_cast<std::size_t>(i)];
+  }
+  if (ds.produce) {
+    // The parent's produce and the row map, both by value: the subset outlives nothing.
+    out.produce = [parent = ds.produce, map = std::vector<index_t>(rows.begin(), rows.end())](
+                      index_t row, index_t epoch, std::span<float> values) {
+      parent(map[static_cast<std::size_t>(row)], epoch, values);
+    };
   }
   return out;
 }

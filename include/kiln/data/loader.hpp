@@ -1,5 +1,5 @@
-// kiln/data/loader.hpp — mini-batches over an in-memory Dataset, shuffled per epoch, optionally
-// assembled ahead of time on worker threads.
+// kiln/data/loader.hpp — mini-batches over a Dataset (in memory or produced on demand), shuffled
+// per epoch, optionally assembled ahead of time on worker threads.
 //
 // Iteration (the one API):
 //
@@ -20,6 +20,12 @@
 //   while assembling (by the transform) is re-thrown from next() when the consumer reaches that
 //   batch, and again from every later next() until start_epoch().
 // - The dataset is referenced, not copied: it must outlive the loader and stay unchanged.
+// - A dataset whose rows are made on demand (Dataset::produce, e.g. decoded images) has them made
+//   while a batch is assembled: on the workers, in parallel with each other (one batch per
+//   worker; up to prefetch + 1 batches are in flight, so prefetch >= workers keeps every worker
+//   busy) and with training. produce(row, epoch) is given the dataset row and this epoch, so the
+//   batches are still the same whatever the worker count; what it throws reaches next() as a
+//   transform's exception does.
 // - The loader object itself is used from one thread (the consumer).
 #pragma once
 
@@ -132,7 +138,8 @@ class Loader {
     index_t ready = -1;  // the batch index this buffer holds, once assembled (under mutex_)
   };
 
-  // Copies the rows of batch k into `slot`; reads only immutable state (dataset, order_).
+  // Copies (or produces) the rows of batch k into `slot`; reads only immutable state (dataset,
+  // order_, epoch_).
   void assemble(Slot& slot, index_t k);
 
   void worker_loop();

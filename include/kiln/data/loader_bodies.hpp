@@ -101,9 +101,8 @@ KILN_COMPILED void Loader::assemble(Slot& slot, index_t k) {
   slot.rows.assign(order_.begin() + first, order_.begin() + first + size);
   for (index_t r = 0; r < size; ++r) {
     const index_t i = slot.rows[static_cast<std::size_t>(r)];
-    if (d > 0)
-      std::memcpy(slot.features.data() + r * d, ds_->features.data() + i * d,
-                  static_cast<std::size_t>(d) * sizeof(float));
+    // An on-demand dataset's rows are made here, on this worker thread (Dataset::produce).
+    ds_->read_row(i, epoch_, {slot.features.data() + r * d, static_cast<std::size_t>(d)});
     slot.labels[static_cast<std::size_t>(r)] = ds_->labels[static_cast<std::size_t>(i)];
   }
   Batch& batch = slot.batch;

@@ -58,10 +58,17 @@ struct Normalizer {
       values[i] = (values[i] * scale - mean[j]) * inv_std[j];
     }
   }
-  void apply(Dataset& ds) const { apply(ds.features, ds.d); }
+  // In-memory datasets only: an on-demand one (Dataset::produce) normalises inside produce.
+  void apply(Dataset& ds) const {
+    KILN_CHECK(!ds.produce, ValueError,
+               "Normalizer: the dataset makes its rows on demand (Dataset::produce); normalise them there "
+               "(ImageTransform's mean and stddev) or in the loader's transform");
+    apply(ds.features, ds.d);
+  }
 };
 
-// Fits scale and statistics on `ds` (population std, accumulated in double).
+// Fits scale and statistics on `ds` (population std, accumulated in double). Throws ValueError for
+// an on-demand dataset (Dataset::produce): its rows are not in memory to fit on.
 KILN_COMPILED Normalizer fit_normalizer(const Dataset& ds, const NormalizeOptions& options = {});
 
 }  // namespace kiln::data

@@ -12,6 +12,9 @@ KILN_COMPILED Normalizer fit_normalizer(const Dataset& ds, const NormalizeOption
   out.standardize = options.standardize;
   out.d = ds.d;
   if (options.standardize == Standardize::none) return out;
+  KILN_CHECK(!ds.produce, ValueError,
+             "fit_normalizer: the dataset makes its rows on demand (Dataset::produce), so there are no "
+             "features in memory to fit statistics on; fit them on an in-memory sample instead");
   KILN_CHECK(ds.n > 0 && ds.d > 0, ValueError,
              "fit_normalizer: standardisation needs a non-empty dataset (n = ", ds.n,
              ", d = ", ds.d, ")");
