@@ -12,3 +12,4 @@
 #include "kiln/data/image_bodies.hpp"
 #include "kiln/data/image_folder_bodies.hpp"
 #include "kiln/data/image_transforms_bodies.hpp"
+#include "kiln/data/image_write_bodies.hpp"

@@ -7,6 +7,7 @@
 #include <kiln/data/image.hpp>
 #include <kiln/data/image_folder.hpp>
 #include <kiln/data/image_transforms.hpp>
+#include <kiln/data/image_write.hpp>
 #include <kiln/data/loader.hpp>
 #include <kiln/data/normalize.hpp>
 
@@ -969,3 +970,42 @@ TEST_CASE("image: a build without libjpeg or libpng names the library it lacks")
 }
 
 #endif
+
+// ---- writing ----------------------------------------------------------------------------------------
+
+TEST_CASE("image: write_image encodes PNG losslessly and JPEG closely, by the extension; bad input is refused") {
+  const Image rgb = pattern(13, 17);
+  const fs::path png = temp_dir() / "written.png";
+  kiln::data::write_image(png, rgb);
+  CHECK(kiln::data::read_image(png) == rgb);
+  Image grey{.height = 5, .width = 4, .channels = 1, .pixels = {}};
+  for (int i = 0; i < 20; ++i) grey.pixels.push_back(std::uint8_t(i * 12));
+  const fs::path grey_png = temp_dir() / "grey.PNG";
+  kiln::data::write_image(grey_png, grey);
+  const Image back = kiln::data::read_image(grey_png);  // read as RGB: grey repeated
+  REQUIRE(back.channels == 3);
+  for (index_t y = 0; y < 5; ++y)
+    for (index_t x = 0; x < 4; ++x)
+      for (index_t c = 0; c < 3; ++c) CHECK(back.at(y, x, c) == grey.at(y, x, 0));
+  // JPEG on a smooth image (a gradient per channel): close to its source at quality 95.
+  Image smooth{.height = 24, .width = 32, .channels = 3, .pixels = {}};
+  for (index_t y = 0; y < 24; ++y)
+    for (index_t x = 0; x < 32; ++x)
+      for (index_t c = 0; c < 3; ++c) smooth.pixels.push_back(std::uint8_t(40 + 4 * y + 3 * x + 20 * c));
+  const fs::path jpg = temp_dir() / "written.jpeg";
+  kiln::data::write_image(jpg, smooth, 95);
+  const Image lossy = kiln::data::read_image(jpg);
+  REQUIRE(lossy.height == smooth.height);
+  REQUIRE(lossy.width == smooth.width);
+  double mean = 0;
+  for (std::size_t i = 0; i < smooth.pixels.size(); ++i)
+    mean += std::abs(int(lossy.pixels[i]) - int(smooth.pixels[i]));
+  mean /= double(smooth.pixels.size());
+  CHECK(mean < 3);
+  const fs::path gif = temp_dir() / "written.gif";
+  check_data_error([&] { kiln::data::write_image(gif, rgb); }, gif, {"the extension must be .png, .jpg or .jpeg"});
+  CHECK(!fs::exists(gif));
+  Image two{.height = 2, .width = 2, .channels = 2, .pixels = std::vector<std::uint8_t>(8)};
+  CHECK_THROWS_AS(kiln::data::encode_png(two), kiln::ValueError);
+  CHECK_THROWS_AS(kiln::data::encode_jpeg(rgb, 0), kiln::ValueError);
+}
