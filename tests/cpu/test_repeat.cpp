@@ -9,12 +9,14 @@
 #include <kiln/io/safetensors.hpp>
 #include <kiln/io/state_dict.hpp>
 #include <kiln/nn/repeat.hpp>
+#include <kiln/nn/summary.hpp>
 #include <kiln/train.hpp>
 
 #include <doctest/doctest.h>
 
 #include "step_helpers.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -245,4 +247,24 @@ TEST_CASE("a Residual with an activation computes act(body + shortcut) in one pa
   const auto r = gradcheck([&](ag::Tape<CpuExecutor>& t, std::vector<GradcheckInput>& in) { return block.forward(t, in[0]); },
                            {GradcheckInput(make_input(), true)}, block.parameters());
   CHECK_MESSAGE(r.ok, r.report);
+}
+
+TEST_CASE("nn::summary: ResNet-50 as a tree with per-layer output shapes and parameter counts") {
+  const models::ResNet50<> model(0);
+  const std::string top = nn::summary(model, 1);
+  CAPTURE(top);
+  CHECK(top.find("├─ conv1 Conv2d<3, 64, 7, stride 2, pad 3, no bias>  [64, 112, 112]") != std::string::npos);
+  CHECK(top.find("├─ bn1 BatchNorm2d<64>+relu") != std::string::npos);
+  CHECK(top.find("├─ layer4 Repeat x3") != std::string::npos);
+  CHECK(top.find("[2048, 7, 7]    14,964,736") != std::string::npos);
+  CHECK(top.find("├─ fc Linear<2048, 1000>") != std::string::npos);
+  CHECK(top.find("total 25,557,032 parameters\n") != std::string::npos);
+  CHECK(std::count(top.begin(), top.end(), '\n') == 13);  // header, model, 10 layers, total
+  const std::string deep = nn::summary(model, 3);
+  CHECK(deep.find("│  │  ├─ conv2 Conv2d<128, 128, 3, stride 2, pad 1, no bias>  [128, 28, 28]") != std::string::npos);
+  CHECK(deep.find("│  │  ├─ downsample Sequential") != std::string::npos);
+  // A frozen part is counted in the total line.
+  models::ResNet18<10, 64> small(0);
+  nn::freeze(small.layer<5>());
+  CHECK(nn::summary(small, 1).find(" parameters, ") != std::string::npos);
 }

@@ -43,6 +43,7 @@
 #include "kiln/nn/freeze.hpp"
 #include "kiln/nn/mixed_check.hpp"
 #include "kiln/nn/sequential.hpp"
+#include "kiln/nn/summary.hpp"
 #include "kiln/backend/cpu/conv2d.hpp"
 #include "kiln/policy/info.hpp"
 #include "kiln/policy/policy.hpp"
@@ -50,7 +51,7 @@
 namespace kiln::train {
 
 struct MemoryPlan {
-  std::string model;             // the model's describe() line, when given
+  std::string model;             // the model's top-level layers (nn::summary at depth 1), when given
   std::size_t parameters = 0;    // values
   std::size_t gradients = 0;     // their gradient buffers
   std::size_t optimizer = 0;     // moments / momentum
@@ -79,8 +80,8 @@ struct PlanWalk {
   std::size_t kept = 0;         // bytes per sample kept until backward (values, gradients, saved extras)
   std::size_t transient = 0;    // the largest per-sample bytes alive for one layer only
   std::size_t linear_weights = 0;  // weights with a low-precision copy (mixed precision)
-  std::vector<cpu::Conv2dShape> convs;  // for the convolutions' scratch (one image each)
-  std::vector<std::array<index_t, 2>> linears;  // in, out: for the GEMM workspace
+  std::vector<cpu::Conv2dShape> convs{};  // for the convolutions' scratch (one image each)
+  std::vector<std::array<index_t, 2>> linears{};  // in, out: for the GEMM workspace
   bool known = true;            // false: a size the walk could not see (a plan says so)
 };
 
@@ -106,8 +107,10 @@ template <class In, class Fused, class L>
 void plan_leaf(const L& l, PlanWalk& w) {
   using Out = nn::output_sample_t<L, In>;
   // The model's own input (any_sample before an Unflatten) is the step's input buffer, counted apart.
-  constexpr index_t in = sample_elements<In>() == dyn ? 0 : sample_elements<In>(), out = sample_elements<Out>();
-  if constexpr (out == dyn) {
+  constexpr index_t in = sample_elements<In>() == dyn ? 0 : sample_elements<In>();
+  index_t out = sample_elements<Out>();
+  if constexpr (sample_elements<Out>() == dyn && requires { l.outputs(); }) out = l.outputs();  // Linear<In, dyn>
+  if (out == dyn) {
     w.known = false;
   } else {
     const bool recorded = w.input_grad || layer_trains(l);
@@ -212,7 +215,7 @@ MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& op
   KILN_CHECK(walk.known, ValueError, "plan_memory: a layer's output size is not known at compile time; the planner "
              "needs every size (start an image model with nn::Unflatten<C, H, W>)");
   MemoryPlan plan;
-  plan.model = model.describe();
+  plan.model = nn::summary(model, 1);  // the top-level layers, one per line
   plan.parameters = std::size_t(model.parameter_count()) * sizeof(value);
   // Gradient buffers: the trainable parameters' (a frozen one gets none, nn/freeze.hpp).
   plan.gradients = std::size_t(model.trainable_parameter_count()) * sizeof(value);

@@ -24,7 +24,7 @@ KILN_COMPILED std::string MemoryPlan::str(index_t batch, std::size_t budget) con
     std::snprintf(t, sizeof t, "%.2f MiB", double(b) / 1048576.0);
     return std::string(t);
   };
-  std::string out = model.empty() ? "" : model + "\n";
+  std::string out = model.empty() || model.back() == '\n' ? model : model + "\n";
   out += "  parameters        " + mib(parameters) + "\n";
   out += "  gradients         " + mib(gradients) + "\n";
   out += "  optimizer state   " + mib(optimizer) + "\n";
