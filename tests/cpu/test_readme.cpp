@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <fstream>
 #include <map>
@@ -11,6 +12,10 @@
 #include <vector>
 
 #include "kiln.hpp"
+#include "kiln/models/resnet.hpp"
+#include "kiln/nn/freeze.hpp"
+#include "kiln/optim/adam.hpp"
+#include "kiln/train/memory_plan.hpp"
 #include "kiln/nn/activation.hpp"
 #include "kiln/nn/linear.hpp"
 #include "kiln/nn/loss.hpp"
@@ -70,6 +75,27 @@ TEST_CASE("readme: an activation of your own, and two losses backwarded in turn"
   CHECK(model.layer<0>().weight().has_grad());
   CHECK(la.item() > 0.0f);
   // example-end activation-model
+}
+
+TEST_CASE("readme: planning a ResNet-50 fine-tune") {
+  // example-begin finetune-plan
+  using Net = kiln::models::ResNet50<kiln::dyn, 224>;  // torchvision's layout and state_dict names
+  Net model(/*seed=*/0);
+  // kiln::train::load_weights("resnet50.safetensors", model, {.skip = {"fc."}});  // torchvision's weights
+  model.layer<10>().reset(/*classes=*/5, /*seed=*/1);  // the new head: fc is a Linear<2048, dyn>
+  kiln::nn::freeze(model.layer<1>());  // conv1, bn1, layer1..layer3 frozen:
+  kiln::nn::freeze(model.layer<2>());  // no gradients, no optimizer state, running statistics only
+  kiln::nn::freeze(model.layer<5>());
+  kiln::nn::freeze(model.layer<6>());
+  kiln::nn::freeze(model.layer<7>());  // layer4 and fc train
+  kiln::optim::AdamW opt(model, {.lr = 3e-4});
+  const auto plan = kiln::train::plan_memory<kiln::optim::AdamW<>, kiln::policy<kiln::precision::bf16_mixed>>(
+      model, opt.options());
+  std::printf("%s", plan.str(/*batch=*/32).c_str());
+  const kiln::index_t fits = plan.largest_batch(std::size_t{8} << 30);  // the largest batch in 8 GiB
+  CHECK(fits > 32);
+  // example-end finetune-plan
+  CHECK(plan.per_sample < 20u << 20);  // fine-tuning keeps layer4's activations only
 }
 
 namespace {
