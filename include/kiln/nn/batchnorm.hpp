@@ -225,7 +225,7 @@ class BatchNorm2d {
       const T* xin = nullptr;
       T* yout = nullptr;
       if constexpr (half) {
-        x_wide = detail::widened(x.value().data(), s.size());
+        x_wide = detail::widened(x.value().data(), s.size(), threads);
         y_wide.resize(std::size_t(s.size()));
         xin = x_wide.data();
         yout = y_wide.data();
@@ -249,7 +249,7 @@ class BatchNorm2d {
         K::eval_forward(n, C, hw, xin, weight_.value().data(), bias_.value().data(), eps_, buf.running_mean.data(),
                         buf.running_var.data(), yout, threads, Act{});
       }
-      if constexpr (half) detail::store_rounded(out.value().data(), yout, s.size());
+      if constexpr (half) detail::store_rounded(out.value().data(), yout, s.size(), false, threads);
       const auto wd = weight_.data(), bd = bias_.data();
       const bool any = x.requires_grad() || wd->requires_grad || bd->requires_grad;
       if (!any || !tape.recording()) return out;
@@ -278,8 +278,8 @@ class BatchNorm2d {
                     const T* X = nullptr;
                     const T* G = nullptr;
                     if constexpr (half) {
-                      x_wide = detail::widened(xd->value.data(), n * C * hw);
-                      g_wide = detail::widened(od.grad.data(), n * C * hw);
+                      x_wide = detail::widened(xd->value.data(), n * C * hw, exec.threads());
+                      g_wide = detail::widened(od.grad.data(), n * C * hw, exec.threads());
                       X = x_wide.data();
                       G = g_wide.data();
                     } else {
@@ -296,7 +296,7 @@ class BatchNorm2d {
                     }
                     if (want_dx) {
                       if constexpr (half) {
-                        detail::store_rounded(xd->ensure_grad(), tmp.data(), n * C * hw, add_x);
+                        detail::store_rounded(xd->ensure_grad(), tmp.data(), n * C * hw, add_x, exec.threads());
                       } else if (add_x) {
                         T* g = xd->ensure_grad();
                         for (index_t i = 0; i < n * C * hw; ++i) g[i] += tmp[std::size_t(i)];

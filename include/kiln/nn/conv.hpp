@@ -315,39 +315,41 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
   tape.exec().stats().count(kind::gemm, has_act ? std::string("conv2d+bias+") + Act::name : std::string("conv2d"),
                             y_size, x_bytes + y_bytes);
   {
-    const auto wf = widened(low->data(), low->size());
-    const auto xf = widened(x.value().data(), xs.size());
+    const int threads = tape.exec().threads();
+    const auto wf = widened(low->data(), low->size(), threads);
+    const auto xf = widened(x.value().data(), xs.size(), threads);
     std::vector<float> yf(static_cast<std::size_t>(y_size));
     std::vector<float> keep(has_act && recording ? std::size_t(y_size) : 0);
     const ConvFinish<float, Act> finish{bd ? bd->value.data() : nullptr, keep.empty() ? nullptr : keep.data(), s.c_out,
                                         ohw};
     if constexpr (nhwc) cpu::conv2d_nhwc_forward_epilogue(s, xf.data(), wf.data(), yf.data(), tape.exec().threads(), finish);
     else cpu::conv2d_forward_epilogue(s, xf.data(), wf.data(), yf.data(), tape.exec().threads(), finish);
-    store_rounded(out.value().data(), yf.data(), y_size);
+    store_rounded(out.value().data(), yf.data(), y_size, false, threads);
     if (!recording) return out;
     auto pre = std::make_shared<std::vector<X>>(keep.size());
-    store_rounded(pre->data(), keep.data(), index_t(keep.size()));
+    store_rounded(pre->data(), keep.data(), index_t(keep.size()), false, threads);
     out.set_requires_grad(true);
     std::vector<std::shared_ptr<ag::VarNode>> inputs{x.data(), wd};
     if (bd) inputs.push_back(bd);
     tape.record(out, std::move(inputs), [xd = x.data(), wd, bd, pre, low, s, y_size, x_bytes, y_bytes](Exec& exec, auto& od) {
       if (!od.grad_valid) return;
       const int threads = exec.threads();
-      std::vector<float> dy = widened(od.grad.data(), y_size);
+      std::vector<float> dy = widened(od.grad.data(), y_size, threads);
       if constexpr (has_act) {
         exec.stats().count(kind::elementwise, std::string("backward(") + Act::name + ")", y_size, y_bytes * 3);
         for (index_t i = 0; i < y_size; ++i) dy[std::size_t(i)] *= Act{}.d(static_cast<float>((*pre)[std::size_t(i)]));
       }
       if (xd->requires_grad) {
         exec.stats().count(kind::gemm, "conv2d_backward_data", s.n * s.c_in * s.h * s.w, x_bytes + y_bytes);
-        const auto wf = widened(low->data(), low->size());
-        put_rounded_input_grad(*xd, [&](float* dx) { conv_backward_data<L>(s, dy.data(), wf.data(), dx, threads); });
+        const auto wf = widened(low->data(), low->size(), threads);
+        put_rounded_input_grad(
+            *xd, [&](float* dx) { conv_backward_data<L>(s, dy.data(), wf.data(), dx, threads); }, threads);
       }
       const bool dw = wd->requires_grad, db = bd && bd->requires_grad;
       if (dw || db) {
         exec.stats().count(kind::gemm, "conv2d_backward_filter", wd->value.size(), x_bytes + y_bytes);
         const index_t wn = wd->value.size();
-        const auto xf = widened(xd->value.data(), xd->value.size());
+        const auto xf = widened(xd->value.data(), xd->value.size(), threads);
         std::vector<float> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
         if constexpr (L == layout::nhwc)
           cpu::conv2d_nhwc_backward_filter(s, xf.data(), dy.data(), gw.data(), db ? gb.data() : nullptr, threads);

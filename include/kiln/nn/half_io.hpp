@@ -17,32 +17,45 @@
 
 namespace kiln::nn::detail {
 
+// f(i) for i in [0, n), on `threads` OpenMP threads for a large n (each i independent, so the
+// result is the same at any thread count).
+template <class F>
+void half_io_loop(index_t n, int threads, const F& f) {
+#if defined(_OPENMP)
+  if (threads > 1 && n >= (index_t{1} << 15)) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (index_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+#endif
+  (void)threads;
+  for (index_t i = 0; i < n; ++i) f(i);
+}
+
 // n values of x as floats.
 template <class X>
-std::vector<float> widened(const X* x, index_t n) {
+std::vector<float> widened(const X* x, index_t n, int threads = 1) {
   std::vector<float> out(static_cast<std::size_t>(n));
-  for (index_t i = 0; i < n; ++i) out[std::size_t(i)] = static_cast<float>(x[i]);
+  float* o = out.data();
+  half_io_loop(n, threads, [=](index_t i) { o[i] = static_cast<float>(x[i]); });
   return out;
 }
 
 // dst = round(src), or with add dst = round(float(dst) + src): n values.
 template <class X>
-void store_rounded(X* dst, const float* src, index_t n, bool add = false) {
-  if (add) {
-    for (index_t i = 0; i < n; ++i) dst[i] = X(static_cast<float>(dst[i]) + src[i]);
-  } else {
-    for (index_t i = 0; i < n; ++i) dst[i] = X(src[i]);
-  }
+void store_rounded(X* dst, const float* src, index_t n, bool add = false, int threads = 1) {
+  if (add) half_io_loop(n, threads, [=](index_t i) { dst[i] = X(static_cast<float>(dst[i]) + src[i]); });
+  else half_io_loop(n, threads, [=](index_t i) { dst[i] = X(src[i]); });
 }
 
 // The input gradient a float kernel computes (`compute(float* dx)`, overwriting) into xd's
 // half-precision gradient: written, or added when one is valid.
 template <class Node, class F>
-void put_rounded_input_grad(Node& xd, const F& compute) {
+void put_rounded_input_grad(Node& xd, const F& compute, int threads = 1) {
   const index_t n = xd.value.size();
   std::vector<float> dx(static_cast<std::size_t>(n));
   compute(dx.data());
-  store_rounded(xd.ensure_grad(), dx.data(), n, xd.grad_valid);
+  store_rounded(xd.ensure_grad(), dx.data(), n, xd.grad_valid, threads);
   xd.grad_valid = true;
 }
 

@@ -138,10 +138,11 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
     else cpu::avg_pool2d_forward(s, X, Y, Layer::count_include_pad);
   };
   if constexpr (kiln::detail::is_half_v<T>) {
-    const auto xf = widened(x.value().data(), xs.size());
+    const int threads = tape.exec().threads();
+    const auto xf = widened(x.value().data(), xs.size(), threads);
     std::vector<float> yf(static_cast<std::size_t>(y_size));
     forward_kernel(xf.data(), yf.data());
-    store_rounded(out.value().data(), yf.data(), y_size);
+    store_rounded(out.value().data(), yf.data(), y_size, false, threads);
   } else {
     forward_kernel(x.value().data(), out.value().data());
   }
@@ -157,8 +158,8 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
       else cpu::avg_pool2d_backward(s, G, dx, Layer::count_include_pad);
     };
     if constexpr (kiln::detail::is_half_v<T>) {
-      const auto gf = widened(od.grad.data(), y_size);
-      put_rounded_input_grad(*xd, [&](float* dx) { backward_kernel(gf.data(), dx); });
+      const auto gf = widened(od.grad.data(), y_size, exec.threads());
+      put_rounded_input_grad(*xd, [&](float* dx) { backward_kernel(gf.data(), dx); }, exec.threads());
     } else {
       const T* G = od.grad.data();
       put_input_grad(*xd, [&](T* dx) { backward_kernel(G, dx); });
@@ -271,7 +272,7 @@ struct GlobalAvgPoolLayout {
         else cpu::global_avg_pool_forward(n, c, h, w, X, Y);
       };
       if constexpr (kiln::detail::is_half_v<T>) {  // summed in float (nn/half_io.hpp)
-        const auto xf = detail::widened(x.value().data(), xs.size());
+        const auto xf = detail::widened(x.value().data(), xs.size(), tape.exec().threads());
         std::vector<float> yf(static_cast<std::size_t>(n * c));
         kernel(xf.data(), yf.data());
         detail::store_rounded(out.value().data(), yf.data(), n * c);
@@ -298,7 +299,7 @@ struct GlobalAvgPoolLayout {
         };
         if constexpr (kiln::detail::is_half_v<T>) {
           const auto gf = detail::widened(G, n * c);
-          detail::put_rounded_input_grad(*xd, [&](float* dx) { kernel(gf.data(), dx); });
+          detail::put_rounded_input_grad(*xd, [&](float* dx) { kernel(gf.data(), dx); }, exec.threads());
         } else {
           detail::put_input_grad(*xd, [&](T* dx) { kernel(G, dx); });
         }
