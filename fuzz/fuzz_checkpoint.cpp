@@ -28,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     (void)sum;
     static Mlp model(0);
     std::vector<kiln::train::detail::Apply> apply;
-    kiln::train::detail::stage_model_state(file, model, /*strict=*/false, apply);
+    kiln::train::detail::stage_model_state(file, kiln::io::model_state(model), {.strict = false}, apply);
     for (auto& a : apply) a();
   } catch (const kiln::DataError&) {
   }

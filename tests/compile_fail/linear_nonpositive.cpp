@@ -1,4 +1,4 @@
-// expect: Linear<In, Out>: both sizes must be positive
+// expect: Linear<In, Out>: In must be positive, Out positive or dyn
 // Control: Linear<4, 10>.
 #include <kiln/nn/linear.hpp>
 
