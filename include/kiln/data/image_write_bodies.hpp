@@ -2,6 +2,7 @@
 // header-only, compiled once into kiln::kernels otherwise (src/kernels/bodies_image.cpp).
 #pragma once
 
+#include "kiln/data/image_bodies.hpp"  // its JPEG error handler (detail::JpegErrors)
 #include "kiln/data/image_write.hpp"
 #include "kiln/io/atomic_file.hpp"
 
@@ -28,19 +29,6 @@ inline void check_encodable(const Image& image) {
              ValueError, "encode: a ", image.height, " x ", image.width, " x ", image.channels, " image holds ",
              image.pixels.size(), " bytes");
 }
-
-#if KILN_DATA_JPEG
-struct JpegWriteError {
-  jpeg_error_mgr mgr;
-  std::jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
-extern "C" inline void jpeg_write_fail(j_common_ptr cinfo) {
-  auto* e = reinterpret_cast<JpegWriteError*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, e->message);
-  std::longjmp(e->jump, 1);
-}
-#endif
 
 #if KILN_DATA_PNG
 extern "C" inline void png_write_to_vector(png_structp png, png_bytep data, png_size_t n) {
@@ -89,9 +77,9 @@ KILN_COMPILED std::vector<std::uint8_t> encode_jpeg(const Image& image, int qual
   KILN_CHECK(quality >= 1 && quality <= 100, ValueError, "encode_jpeg: quality ", quality, " is outside 1..100");
 #if KILN_DATA_JPEG
   jpeg_compress_struct cinfo{};
-  detail::JpegWriteError error{};
-  cinfo.err = jpeg_std_error(&error.mgr);
-  error.mgr.error_exit = detail::jpeg_write_fail;
+  detail::JpegErrors error{};
+  cinfo.err = jpeg_std_error(&error.pub);
+  error.pub.error_exit = detail::jpeg_on_error;
   unsigned char* buffer = nullptr;
   unsigned long size = 0;  // NOLINT(google-runtime-int): libjpeg's type
   if (setjmp(error.jump)) {

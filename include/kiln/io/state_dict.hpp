@@ -49,10 +49,11 @@ concept repeat_like = requires(M& m) {
   m.block(1);
 };
 
+// A Sequential's layers: a named one by its name, the others by `fallback` and their position
+// ("" in a Sequential, "body." in a Residual's body).
 template <class M, class F, std::size_t... I>
-void each_sequential_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>);
-template <class M, class F, std::size_t... I>
-void each_body_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>);
+void each_sequential_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>,
+                           const std::string& fallback = "");
 
 // A part's name: its own (nn::Named) or the default the container gives it.
 template <class L>
@@ -69,7 +70,7 @@ void walk(M& m, const std::string& prefix, F& f) {
   } else if constexpr (residual_like<std::remove_const_t<M>>) {
     using Body = std::remove_cvref_t<decltype(m.body())>;
     if constexpr (sequential_like<Body> && !nn::is_named_v<Body>)  // its layers, named or "body.<i>."
-      each_body_layer(m.body(), prefix, f, std::make_index_sequence<Body::size()>{});
+      each_sequential_layer(m.body(), prefix, f, std::make_index_sequence<Body::size()>{}, "body.");
     else
       walk(m.body(), prefix + part_name<Body>("body."), f);
     walk(m.shortcut(), prefix + part_name<std::remove_cvref_t<decltype(m.shortcut())>>("shortcut."), f);
@@ -81,12 +82,11 @@ void walk(M& m, const std::string& prefix, F& f) {
   }
 }
 template <class M, class F, std::size_t... I>
-void each_sequential_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>) {
-  (walk(m.template layer<I>(), prefix + part_name<std::remove_cvref_t<decltype(m.template layer<I>())>>(std::to_string(I) + "."), f), ...);
-}
-template <class M, class F, std::size_t... I>
-void each_body_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>) {
-  (walk(m.template layer<I>(), prefix + part_name<std::remove_cvref_t<decltype(m.template layer<I>())>>("body." + std::to_string(I) + "."), f), ...);
+void each_sequential_layer(M& m, const std::string& prefix, F& f, std::index_sequence<I...>,
+                           const std::string& fallback) {
+  (walk(m.template layer<I>(),
+        prefix + part_name<std::remove_cvref_t<decltype(m.template layer<I>())>>(fallback + std::to_string(I) + "."), f),
+   ...);
 }
 
 }  // namespace detail

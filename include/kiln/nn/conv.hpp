@@ -71,6 +71,18 @@ cpu::Conv2dShape conv_shape(const Shape& x, index_t c_out, const Conv2dGeometry&
 }
 inline const char* layout_dims(layout L) { return L == layout::nhwc ? "[N, H, W, C]" : "[N, C, H, W]"; }
 
+// The kernels' shape of input x ([N, C, H, W] or [N, H, W, C]) and weight w ([Cout, Cin, K, K]),
+// after checking that they fit together.
+template <layout L>
+cpu::Conv2dShape checked_conv_shape(const Shape& xs, const Shape& ws, const Conv2dGeometry& g) {
+  constexpr bool nhwc = L == layout::nhwc;
+  KILN_CHECK(xs.rank == 4, ShapeError, "conv2d: the input must be ", layout_dims(L), ", got shape ", xs.str());
+  KILN_CHECK(ws.rank == 4 && xs[nhwc ? 3 : 1] == ws[1] && ws[2] == g.kernel && ws[3] == g.kernel, ShapeError,
+             "conv2d: the input has shape ", xs.str(), " (", layout_dims(L), ") but the weight has shape ", ws.str(),
+             " (kernel ", g.kernel, "): the input's channels must equal the weight's second size");
+  return conv_shape<L>(xs, ws[0], g);
+}
+
 template <layout L, class T>
 void conv_backward_data(const cpu::Conv2dShape& s, const T* dy, const T* w, T* dx, int threads) {
   if constexpr (L == layout::nhwc) cpu::conv2d_nhwc_backward_data(s, dy, w, dx, threads);
@@ -179,12 +191,8 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "kiln::nn::conv2d: convolution takes float or double (no mixed precision yet)");
   constexpr bool nhwc = L == layout::nhwc;
-  const Shape xs = x.shape(), ws = wd->value.shape();
-  KILN_CHECK(xs.rank == 4, ShapeError, "conv2d: the input must be ", layout_dims(L), ", got shape ", xs.str());
-  KILN_CHECK(ws.rank == 4 && xs[nhwc ? 3 : 1] == ws[1] && ws[2] == g.kernel && ws[3] == g.kernel, ShapeError,
-             "conv2d: the input has shape ", xs.str(), " (", layout_dims(L), ") but the weight has shape ", ws.str(),
-             " (kernel ", g.kernel, "): the input's channels must equal the weight's second size");
-  const cpu::Conv2dShape s = conv_shape<L>(xs, ws[0], g);
+  const Shape xs = x.shape();
+  const cpu::Conv2dShape s = checked_conv_shape<L>(xs, wd->value.shape(), g);
   const Shape out_shape = nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c_out} : Shape{s.n, s.c_out, s.out_h(), s.out_w()};
   if (s.n == 0) {  // PyTorch's empty batch (nn/empty_batch.hpp); the other sizes are checked as for one image
     cpu::Conv2dShape one = s;
@@ -290,12 +298,8 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
                 "kiln::nn::Conv2d: bf16 / f16 activations run on the CPU so far (cuDNN's half-precision path is not "
                 "written yet): use fp32 or tf32 on the device");
   constexpr bool nhwc = L == layout::nhwc;
-  const Shape xs = x.shape(), ws = wd->value.shape();
-  KILN_CHECK(xs.rank == 4, ShapeError, "conv2d: the input must be ", layout_dims(L), ", got shape ", xs.str());
-  KILN_CHECK(ws.rank == 4 && xs[nhwc ? 3 : 1] == ws[1] && ws[2] == g.kernel && ws[3] == g.kernel, ShapeError,
-             "conv2d: the input has shape ", xs.str(), " (", layout_dims(L), ") but the weight has shape ", ws.str(),
-             " (kernel ", g.kernel, "): the input's channels must equal the weight's second size");
-  const cpu::Conv2dShape s = conv_shape<L>(xs, ws[0], g);
+  const Shape xs = x.shape();
+  const cpu::Conv2dShape s = checked_conv_shape<L>(xs, wd->value.shape(), g);
   const Shape out_shape = nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c_out} : Shape{s.n, s.c_out, s.out_h(), s.out_w()};
   if (s.n == 0) {
     cpu::Conv2dShape one = s;
