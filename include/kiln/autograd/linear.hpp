@@ -3,6 +3,7 @@
 //
 //   auto h = ag::linear<fn::Relu>(tape, x, w, b);   // x [B, In], w [Out, In], b [Out] -> [B, Out]
 //   auto y = ag::linear(tape, h, w2);               // no activation, no bias
+//   auto z = ag::linear(tape, seq, w, b);           // seq [B, T, In] -> [B, T, Out]: B * T rows
 //
 // Forward: exec.gemm with a BiasAct epilogue (kiln/core/epilogue.hpp) — on CUDA cuBLASLt's
 // RELU_AUX_BIAS / GELU_AUX_BIAS / BIAS in one call — which also saves what act' needs (aux).
@@ -168,10 +169,32 @@ KILN_WEAK void linear_eager(Tape<Exec>& tape, const LinearOperands<T>& op, T* y_
 // x in T; the weight w (and the bias) in W = compute_t<T>. For a half-precision T the GEMMs read
 // w_low, w's values in T (a copy the caller keeps current), and w's gradient still lands in w:
 // mixed precision's float master weight.
-template <class Act, class Exec, class T, class W, class S, index_t B, index_t I, index_t O, index_t I2,
-          class BiasVar>
-auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, I2>& w, const BiasVar* bias,
+// x [..., I] -> y [..., O]: every leading index a row of one GEMM ([B, T, D] -> B * T rows), as
+// torch.nn.functional.linear.
+template <index_t O, class T, class S, class Ext>
+struct linear_out;
+template <index_t O, class T, class S, index_t B, index_t I>
+struct linear_out<O, T, S, extents<B, I>> {
+  using type = Var<T, S, B, O>;
+};
+template <index_t O, class T, class S, index_t B, index_t L, index_t I>
+struct linear_out<O, T, S, extents<B, L, I>> {
+  using type = Var<T, S, B, L, O>;
+};
+
+template <index_t... D>
+constexpr index_t last_extent() {
+  index_t last = dyn;
+  ((last = D), ...);
+  return last;
+}
+
+template <class Act, class Exec, class T, class W, class S, index_t... XD, index_t O, index_t I2, class BiasVar>
+auto linear_impl(Tape<Exec>& tape, const Var<T, S, XD...>& x, const Var<W, S, O, I2>& w, const BiasVar* bias,
                  const T* w_low) {
+  static_assert(sizeof...(XD) == 2 || sizeof...(XD) == 3,
+                "kiln: ag::linear(x, w): x is [rows, in] or a sequence [B, T, in]");
+  constexpr index_t I = last_extent<XD...>();
   static_assert(std::is_same_v<S, typename Exec::space>,
                 "kiln: ag::linear's variables must live in the executor's memory space");
   static_assert(std::is_same_v<W, compute_t<T>>,
@@ -180,7 +203,8 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, 
                 "kiln: ag::linear(x, w): x's last size must equal w's second size (y = x·wᵀ)");
   constexpr bool has_bias = !std::is_same_v<BiasVar, std::nullptr_t>;
   constexpr bool identity = is_identity_act_v<Act>;
-  const index_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  const Shape xs = x.shape();
+  const index_t m = xs.rows(), k = xs.cols(), n = w.dim(0);
   KILN_CHECK(w.dim(1) == k, ShapeError, "linear: x has shape ", x.shape().str(), " and the weight ",
              w.shape().str(), "; the weight must be [out, ", k, "]");
   const T* w_values = nullptr;
@@ -200,8 +224,10 @@ auto linear_impl(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, 
     bias_values = bias->value().data();
     bias_grad = bias->requires_grad();
   }
-  using Y = Var<T, S, B, O>;
-  Y y(typename Y::tensor_type(Shape{m, n}));
+  using Y = typename linear_out<O, T, S, extents<XD...>>::type;
+  Shape ys = xs;
+  ys[ys.rank - 1] = n;
+  Y y{typename Y::tensor_type(ys)};
   LinearOperands<T> op{x.data(), w.data(), nullptr, x.value().data(), w_values, bias_values, m, n, k, false};
   op.needs_grad = tape.recording() && (x.requires_grad() || w.requires_grad() || bias_grad);
   if constexpr (has_bias) op.bias = bias->data();
@@ -276,18 +302,17 @@ KILN_CPU_LINEAR_HALF(extern)
 // y = act(x·wᵀ + b); Act is a kiln::fn functor (fn::Identity: none). Mixed precision: x in bf16
 // or f16, w and b float master parameters, w_low w's values in x's type (required then, and
 // kept current by the caller); y in x's type, the gradients of w and b in float.
-template <class Act = fn::Identity, class Exec, class T, class W, class S, index_t B, index_t I, index_t O, index_t I2,
+template <class Act = fn::Identity, class Exec, class T, class W, class S, index_t... XD, index_t O, index_t I2,
           index_t OB>
-auto linear(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, I2>& w, const Var<W, S, OB>& b,
+auto linear(Tape<Exec>& tape, const Var<T, S, XD...>& x, const Var<W, S, O, I2>& w, const Var<W, S, OB>& b,
             const T* w_low = nullptr) {
   static_assert(O == dyn || OB == dyn || O == OB, "kiln: ag::linear(x, w, b): b's size must equal w's first size");
   return detail::linear_impl<Act>(tape, x, w, &b, w_low);
 }
 
 // y = act(x·wᵀ), no bias.
-template <class Act = fn::Identity, class Exec, class T, class W, class S, index_t B, index_t I, index_t O,
-          index_t I2>
-auto linear(Tape<Exec>& tape, const Var<T, S, B, I>& x, const Var<W, S, O, I2>& w, const T* w_low = nullptr) {
+template <class Act = fn::Identity, class Exec, class T, class W, class S, index_t... XD, index_t O, index_t I2>
+auto linear(Tape<Exec>& tape, const Var<T, S, XD...>& x, const Var<W, S, O, I2>& w, const T* w_low = nullptr) {
   return detail::linear_impl<Act>(tape, x, w, static_cast<const std::nullptr_t*>(nullptr), w_low);
 }
 

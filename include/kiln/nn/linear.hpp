@@ -74,20 +74,21 @@ class Linear {
   // The number of outputs (Out, or a dyn head's current size).
   index_t outputs() const { return weight_.value().shape()[0]; }
 
-  // x [B, In] -> [B, Out]: ONE GEMM with a bias epilogue. x is T, or — under mixed precision —
-  // bf16 / f16: the GEMM then reads the weight's copy in x's type (refresh_low_copy) and the
-  // output is x's type; the weight, the bias and their gradients stay T.
-  template <class Exec, class X, index_t B, index_t I>
+  // x [B, In] -> [B, Out], or a sequence [B, T, In] -> [B, T, Out] (B * T rows): ONE GEMM with a
+  // bias epilogue. x is T, or — under mixed precision — bf16 / f16: the GEMM then reads the
+  // weight's copy in x's type (refresh_low_copy) and the output is x's type; the weight, the bias
+  // and their gradients stay T.
+  template <class Exec, class X, index_t... XD>
     requires accepts_input<X>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, I>& x) const {
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<X, Space, XD...>& x) const {
     return run<fn::Identity>(tape, x);
   }
 
   // act(x·Wᵀ + b) as ONE GEMM with a bias + activation epilogue; Act is an activation layer type
   // (one without a kiln::fn functor gets GEMM + ONE fused act(z + b) kernel instead).
-  template <class Act, class Exec, class X, index_t B, index_t I>
+  template <class Act, class Exec, class X, index_t... XD>
     requires accepts_input<X>
-  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, I>& x) const {
+  auto forward_fused(ag::Tape<Exec>& tape, const ag::Var<X, Space, XD...>& x) const {
     if constexpr (requires { typename Act::functor; }) {
       static_assert(fn::unary_functor<typename Act::functor>,
                     "kiln::nn::Linear::forward_fused<Act>: Act::functor must be a kiln::fn::unary_functor (a name, "
@@ -192,16 +193,18 @@ class Linear {
     }
   }
 
-  template <class Exec, class X, index_t B, index_t I>
-  void check_input(const ag::Var<X, Space, B, I>& x) const {
-    KILN_CHECK(x.shape().rank == 2 && x.dim(1) == In, ShapeError, describe(), ": the input has shape ",
-               x.shape().str(), "; its last size must be ", In);
+  template <class Exec, class X, index_t... XD>
+  void check_input(const ag::Var<X, Space, XD...>& x) const {
+    static_assert(sizeof...(XD) == 2 || sizeof...(XD) == 3,
+                  "kiln::nn::Linear: the input is [B, In] or a sequence [B, T, In]");
+    KILN_CHECK(x.shape().rank == int(sizeof...(XD)) && x.shape().cols() == In, ShapeError, describe(),
+               ": the input has shape ", x.shape().str(), "; its last size must be ", In);
     if constexpr (Out == dyn)
       KILN_CHECK(outputs() > 0, ValueError, describe(), ": a head sized at run time has no outputs yet; call "
                  "reset(outputs, seed) first");
   }
-  template <class Act, class Exec, class X, index_t B, index_t I>
-  auto run(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, I>& x) const {
+  template <class Act, class Exec, class X, index_t... XD>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<X, Space, XD...>& x) const {
     check_input<Exec>(x);
     const X* low = nullptr;
     if constexpr (!std::is_same_v<X, T>) {
@@ -212,8 +215,8 @@ class Linear {
     if constexpr (Bias) return ag::linear<Act>(tape, x, weight_, bias_, low);
     else return ag::linear<Act>(tape, x, weight_, low);
   }
-  template <class Exec, index_t B, index_t I>
-  auto product(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, I>& x) const {
+  template <class Exec, index_t... XD>
+  auto product(ag::Tape<Exec>& tape, const ag::Var<T, Space, XD...>& x) const {
     check_input<Exec>(x);
     return ag::matmul(tape, x, weight_, false, true);
   }

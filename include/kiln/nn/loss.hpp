@@ -409,6 +409,20 @@ ag::Var<compute_t<T>, S> cross_entropy_fused(ag::Tape<Exec>& tape, const std::sh
 }
 }  // namespace detail
 
+// A sequence model's logits [B, T, C] against B * T labels (row b * T + t is position t of
+// sample b): the same op over B * T rows — F.cross_entropy(logits.view(-1, C), y.view(-1)).
+template <class Exec, class T, class S, index_t B, index_t L, index_t C>
+ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, C>& logits,
+                                       const std::int32_t* labels, CrossEntropyOptions options = {}) {
+  const double eps = options.label_smoothing;
+  KILN_CHECK(eps >= 0.0 && eps <= 1.0, ValueError, "cross_entropy: label_smoothing must be in [0, 1], got ", eps);
+  const Shape rows{logits.shape().rows(), logits.shape().cols()};  // the op's view: B * T rows of C
+  if (tape.force_eager())
+    return kiln::ag::detail::run_eager_form(&detail::cross_entropy_eager<Exec, T, S>, "nn::cross_entropy", tape,
+                                            logits.data(), logits.value().data(), rows, labels, options);
+  return detail::cross_entropy_fused<Exec, T, S>(tape, logits.data(), logits.value().data(), rows, labels, options);
+}
+
 // Labels in a tensor of B integers (any rank, row-major) in the logits' space.
 template <class Exec, class T, class S, index_t B, index_t C, class LS, index_t... LD>
 ag::Var<compute_t<T>, S> cross_entropy(ag::Tape<Exec>& tape, const ag::Var<T, S, B, C>& logits,

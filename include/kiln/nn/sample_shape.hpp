@@ -43,6 +43,17 @@ struct sample {
 // Nothing known (the model's input before a layer declares it, or after an opaque layer).
 struct any_sample {};
 
+// One sample of a sequence model: up to MaxT positions of D features each ([B, T, D] variables,
+// T <= MaxT chosen at run time; dyn when the bound is not known yet). A layer with a flat input
+// (Linear, LayerNorm) applies to every position: it must take D features, and gives
+// sequence<MaxT, out_features>.
+template <index_t MaxT, index_t D>
+struct sequence {
+  static constexpr int rank = 2;
+  static constexpr index_t max_length = MaxT;
+  static constexpr index_t width = D;
+};
+
 template <class S>
 inline constexpr bool is_image_sample_v = false;
 template <index_t C, index_t H, index_t W>
@@ -74,6 +85,14 @@ struct layer_accepts<Layer, sample<N>> {
                 "must equal them (the instantiation layer_accepts<Layer, sample<outputs>> names both: e.g. "
                 "Linear<128, 10> after a layer with 256 outputs must be Linear<256, 10>)");
   using type = sample<Layer::out_features>;
+};
+template <class Layer, index_t MaxT, index_t D>
+struct layer_accepts<Layer, sequence<MaxT, D>> {
+  static_assert(D == dyn || Layer::in_features == dyn || D == Layer::in_features,
+                "kiln::nn::Sequential: a layer applied at every position of a sequence takes a different width "
+                "than the previous layer gives (layer_accepts<Layer, sequence<max_length, width>> names both: "
+                "e.g. Linear<128, 512> after a layer of width 256 must be Linear<256, 512>)");
+  using type = sequence<MaxT, Layer::out_features>;
 };
 template <class Layer, index_t D0, index_t D1, index_t... Rest>
 struct layer_accepts<Layer, sample<D0, D1, Rest...>> {

@@ -315,6 +315,10 @@ class AdamBase {
       const index_t t = slots_.steps(k);
       if (t != t_prev) h = adam_params<Decoupled>(opt_, t);
       params_[std::size_t(k)] = h;
+      if (!table_[k].decays) {  // the group without weight decay: L2 term 0, decoupled factor 1
+        params_[std::size_t(k)].weight_decay = 0.0f;
+        params_[std::size_t(k)].decay = 1.0f;
+      }
       t_prev = t;
     }
     if constexpr (std::is_same_v<Stance, stance::fused>) fused_step(exec);

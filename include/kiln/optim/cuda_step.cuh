@@ -364,6 +364,10 @@ class CudaAdamBase {
         done_(1),
         exp_avg_(table_.total_size()),
         exp_avg_sq_(table_.total_size()) {
+    for (index_t k = 0; k < table_.table().count(); ++k)
+      KILN_CHECK(table_.table()[k].decays || opt_.weight_decay == 0.0, ValueError, name, " on CUDA: parameter ", k,
+                 " is in a group without weight decay, which the device step does not apply yet; use weight_decay 0 "
+                 "or the CPU");
     const index_t n = table_.total_size();
     zero_device(exp_avg_.data(), n);
     zero_device(exp_avg_sq_.data(), n);

@@ -43,6 +43,9 @@ struct ParamSlot {
   // its value and optimizer state stay as they are, as PyTorch skips a parameter whose .grad is
   // None. requires: the flag outlives every table and optimizer holding the slot.
   bool* has_grad = nullptr;
+  // Whether the optimizer's weight decay applies to it: false for a parameter group without decay
+  // (a GPT's biases, LayerNorms and embeddings, nanoGPT's rule; models::GPT::param_table).
+  bool decays = true;
 
   bool has_gradient() const { return has_grad == nullptr || *has_grad; }
 };
@@ -95,6 +98,8 @@ class ParamTable {
   index_t offset(index_t k) const { return offsets_[std::size_t(k)]; }
 
   const ParamSlot& operator[](index_t k) const { return slots_[std::size_t(k)]; }
+  // Puts parameter k in the group without weight decay (ParamSlot::decays).
+  void exclude_from_decay(index_t k) { slots_[std::size_t(k)].decays = false; }
   const std::vector<ParamSlot>& slots() const { return slots_; }
   auto begin() const { return slots_.begin(); }
   auto end() const { return slots_.end(); }

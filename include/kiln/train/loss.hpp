@@ -25,6 +25,13 @@ struct CrossEntropy {
     return nn::cross_entropy(tape, logits, labels, options);
   }
 
+  // A sequence model's logits [B, T, C] against B * T labels (position t of sample b at b * T + t).
+  template <class Exec, class T, class S, index_t B, index_t L, index_t C>
+  ag::Var<compute_t<T>, S> operator()(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, C>& logits,
+                                      const std::int32_t* labels) const {
+    return nn::cross_entropy(tape, logits, labels, options);
+  }
+
   // Fused: ONE row kernel forward, ONE backward; on a device also the rows' sum (the host sums
   // inline) and a copy of the labels. force_eager: log_softmax and nll_loss, one kernel each way.
   static constexpr nn::Launches launches(const nn::LaunchContext& c) {

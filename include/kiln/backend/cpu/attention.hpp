@@ -1,0 +1,206 @@
+// kiln/backend/cpu/attention.hpp — causal scaled-dot-product attention on the CPU, FlashAttention's way.
+//
+// Queries, keys and values come packed as one GEMM's output, qkv [B, T, 3 * H * hd] (q, then k, then
+// v, each H heads of hd features: nanoGPT's c_attn split without a transpose), the result is
+// [B, T, H * hd] (the heads side by side, ready for the output projection). Per (sample, head):
+//   forward — keys and values in tiles of attention_tile_keys; for every query row that sees a
+//     tile, its scores q·kᵀ·scale, the causal mask applied in the tile (keys after the query are
+//     never read), an online softmax (running max and sum per row, the row's output rescaled as
+//     the max grows); no T×T matrix exists, only a tile's row. Saves each row's log-sum-exp.
+//   backward — FlashAttention-2's scheme: Δ_i = dO_i·O_i, then per key tile the probabilities are
+//     recomputed from the saved log-sum-exp, P = exp(S − lse), and
+//       dV_j += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − Δ),  dQ += dS K·scale,  dK_j += dSᵀ Q·scale.
+// Work items are (sample, head) pairs, each summed in one fixed order by one thread: results are
+// the same bits at any thread count. Memory is O(tile) per thread plus dQ's T × hd rows.
+// Inner loops run over a key tile transposed to [hd][keys] or over hd contiguous features, so the
+// compiler vectorises them without reassociating a sum.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+#include "kiln/config.hpp"
+
+namespace kiln::cpu {
+
+// The sizes of one attention call. qkv's rows are 3 * width() apart, the output's width().
+struct AttentionDims {
+  index_t batch = 0, length = 0, heads = 0, head_dim = 0;
+  double scale = 0;  // usually 1 / sqrt(head_dim)
+  index_t width() const { return heads * head_dim; }
+  index_t pairs() const { return batch * heads; }
+};
+
+inline constexpr index_t attention_tile_keys = 64;
+
+namespace detail {
+
+// Kt[d * tile_keys + c] = key (or value) row j0 + c, feature d, for c < n.
+template <class T>
+void transpose_tile(const T* base, index_t row_stride, index_t j0, index_t n, index_t hd, T* kt) {
+  for (index_t c = 0; c < n; ++c) {
+    const T* r = base + (j0 + c) * row_stride;
+    for (index_t d = 0; d < hd; ++d) kt[d * attention_tile_keys + c] = r[d];
+  }
+}
+
+// s[c] = scale * q · key c of the transposed tile, c < n.
+template <class T>
+void tile_scores(const T* q, const T* kt, index_t n, index_t hd, T scale, T* s) {
+  for (index_t c = 0; c < n; ++c) s[c] = T(0);
+  for (index_t d = 0; d < hd; ++d) {
+    const T qd = q[d];
+    const T* k = kt + d * attention_tile_keys;
+    for (index_t c = 0; c < n; ++c) s[c] += qd * k[c];
+  }
+  for (index_t c = 0; c < n; ++c) s[c] *= scale;
+}
+
+}  // namespace detail
+
+// Forward for the (sample, head) pairs [begin, end): out's head columns and lse[(b * H + h) * T + i].
+// Key tiles outermost (each transposed once), every query row that sees the tile inside, each row
+// keeping its running max, sum and output (T × (hd + 2) values per thread).
+template <class T>
+void causal_attention_forward(const T* qkv, T* out, T* lse, const AttentionDims& dims, index_t begin, index_t end) {
+  const index_t T_ = dims.length, H = dims.heads, hd = dims.head_dim, W = dims.width(), row = 3 * W;
+  const T scale = T(dims.scale);
+  constexpr index_t Bc = attention_tile_keys;
+  std::vector<T> kt(static_cast<std::size_t>(hd * Bc)), s(static_cast<std::size_t>(Bc));
+  std::vector<T> acc(static_cast<std::size_t>(T_ * hd)), m(static_cast<std::size_t>(T_)), l(static_cast<std::size_t>(T_));
+  for (index_t p = begin; p < end; ++p) {
+    const index_t b = p / H, h = p % H;
+    const T* q_base = qkv + b * T_ * row + h * hd;
+    const T* k_base = q_base + W;
+    const T* v_base = q_base + 2 * W;
+    std::fill(acc.begin(), acc.end(), T(0));
+    std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
+    std::fill(l.begin(), l.end(), T(0));
+    for (index_t j0 = 0; j0 < T_; j0 += Bc) {
+      const index_t n = std::min(Bc, T_ - j0);
+      detail::transpose_tile(k_base, row, j0, n, hd, kt.data());
+      for (index_t i = j0; i < T_; ++i) {
+        const index_t cn = std::min(n, i + 1 - j0);  // the causal mask: keys j <= i only
+        detail::tile_scores(q_base + i * row, kt.data(), cn, hd, scale, s.data());
+        T mx = s[0];
+        for (index_t c = 1; c < cn; ++c) mx = s[c] > mx ? s[c] : mx;
+        const T m_old = m[std::size_t(i)];
+        const T m_new = mx > m_old ? mx : m_old;
+        const T alpha = std::exp(m_old - m_new);  // 0 for the first tile (m_old = -inf)
+        T sum = T(0);
+        for (index_t c = 0; c < cn; ++c) {
+          s[c] = std::exp(s[c] - m_new);
+          sum += s[c];
+        }
+        l[std::size_t(i)] = l[std::size_t(i)] * alpha + sum;
+        m[std::size_t(i)] = m_new;
+        T* a = acc.data() + i * hd;
+        if (j0 > 0)
+          for (index_t d = 0; d < hd; ++d) a[d] *= alpha;
+        for (index_t c = 0; c < cn; ++c) {
+          const T pc = s[c];
+          const T* v = v_base + (j0 + c) * row;
+          for (index_t d = 0; d < hd; ++d) a[d] += pc * v[d];
+        }
+      }
+    }
+    T* o_base = out + b * T_ * W + h * hd;
+    T* l_base = lse + p * T_;
+    for (index_t i = 0; i < T_; ++i) {
+      T* o = o_base + i * W;
+      const T inv = T(1) / l[std::size_t(i)];
+      const T* a = acc.data() + i * hd;
+      for (index_t d = 0; d < hd; ++d) o[d] = a[d] * inv;
+      l_base[i] = m[std::size_t(i)] + std::log(l[std::size_t(i)]);
+    }
+  }
+}
+
+// Backward for the pairs [begin, end): dqkv's columns of those heads (=, or += when add).
+template <class T>
+void causal_attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv, bool add,
+                               const AttentionDims& dims, index_t begin, index_t end) {
+  const index_t T_ = dims.length, H = dims.heads, hd = dims.head_dim, W = dims.width(), row = 3 * W;
+  const T scale = T(dims.scale);
+  constexpr index_t Bc = attention_tile_keys;
+  std::vector<T> kt(static_cast<std::size_t>(hd * Bc)), vt(static_cast<std::size_t>(hd * Bc)), s(static_cast<std::size_t>(Bc)), dp(static_cast<std::size_t>(Bc));
+  std::vector<T> dk(static_cast<std::size_t>(Bc * hd)), dv(static_cast<std::size_t>(Bc * hd)), dq(static_cast<std::size_t>(T_ * hd)), delta(static_cast<std::size_t>(T_));
+  auto put = [add](T& slot, T v) { slot = add ? slot + v : v; };
+  for (index_t p = begin; p < end; ++p) {
+    const index_t b = p / H, h = p % H;
+    const T* q_base = qkv + b * T_ * row + h * hd;
+    const T* k_base = q_base + W;
+    const T* v_base = q_base + 2 * W;
+    const T* o_base = out + b * T_ * W + h * hd;
+    const T* g_base = dout + b * T_ * W + h * hd;
+    const T* l_base = lse + p * T_;
+    T* dq_base = dqkv + b * T_ * row + h * hd;
+    for (index_t i = 0; i < T_; ++i) {
+      const T* o = o_base + i * W;
+      const T* g = g_base + i * W;
+      T d = T(0);
+      for (index_t f = 0; f < hd; ++f) d += g[f] * o[f];
+      delta[std::size_t(i)] = d;
+    }
+    std::fill(dq.begin(), dq.end(), T(0));
+    for (index_t j0 = 0; j0 < T_; j0 += Bc) {
+      const index_t n = std::min(Bc, T_ - j0);
+      detail::transpose_tile(k_base, row, j0, n, hd, kt.data());
+      detail::transpose_tile(v_base, row, j0, n, hd, vt.data());
+      std::fill(dk.begin(), dk.end(), T(0));
+      std::fill(dv.begin(), dv.end(), T(0));
+      for (index_t i = j0; i < T_; ++i) {  // query rows that see some key of this tile
+        const index_t cn = std::min(n, i + 1 - j0);
+        const T* q = q_base + i * row;
+        const T* g = g_base + i * W;
+        detail::tile_scores(q, kt.data(), cn, hd, scale, s.data());
+        const T li = l_base[i];
+        for (index_t c = 0; c < cn; ++c) s[c] = std::exp(s[c] - li);  // P
+        for (index_t c = 0; c < cn; ++c) dp[c] = T(0);
+        for (index_t f = 0; f < hd; ++f) {
+          const T gf = g[f];
+          const T* v = vt.data() + f * Bc;
+          for (index_t c = 0; c < cn; ++c) dp[c] += gf * v[c];
+        }
+        const T di = delta[std::size_t(i)];
+        T* dqi = dq.data() + i * hd;
+        for (index_t c = 0; c < cn; ++c) {
+          const T pc = s[c];
+          const T ds = pc * (dp[c] - di) * scale;
+          T* dvc = dv.data() + c * hd;
+          T* dkc = dk.data() + c * hd;
+          const T* k = k_base + (j0 + c) * row;
+          for (index_t f = 0; f < hd; ++f) {
+            dvc[f] += pc * g[f];
+            dkc[f] += ds * q[f];
+            dqi[f] += ds * k[f];
+          }
+        }
+      }
+      for (index_t c = 0; c < n; ++c) {
+        T* dk_row = dq_base + (j0 + c) * row + W;
+        T* dv_row = dk_row + W;
+        for (index_t f = 0; f < hd; ++f) {
+          put(dk_row[f], dk[std::size_t(c * hd + f)]);
+          put(dv_row[f], dv[std::size_t(c * hd + f)]);
+        }
+      }
+    }
+    for (index_t i = 0; i < T_; ++i) {
+      T* dq_row = dq_base + i * row;
+      for (index_t f = 0; f < hd; ++f) put(dq_row[f], dq[std::size_t(i * hd + f)]);
+    }
+  }
+}
+
+#if KILN_EXTERN_KERNELS
+extern template void causal_attention_forward<float>(const float*, float*, float*, const AttentionDims&, index_t,
+                                                     index_t);
+extern template void causal_attention_backward<float>(const float*, const float*, const float*, const float*, float*,
+                                                      bool, const AttentionDims&, index_t, index_t);
+#endif
+
+}  // namespace kiln::cpu

@@ -1,0 +1,129 @@
+// kiln/nn/attention.hpp — causal self-attention as an autograd op and as layers.
+//
+//   auto y = nn::causal_attention(tape, qkv, heads);   // qkv [B, T, 3D] -> y [B, T, D]
+//   using Attn = nn::CausalSelfAttention<128, 4>;      // c_attn (one QKV GEMM) -> attention -> c_proj
+//
+// The op is fused attention (kiln/backend/cpu/attention.hpp): ONE kernel forward, which saves only
+// each row's log-sum-exp, and ONE kernel backward, which recomputes the probabilities from it —
+// memory linear in T, never a T×T matrix. The scale is 1 / sqrt(D / heads), PyTorch's
+// scaled_dot_product_attention default. CausalSelfAttention is nanoGPT's module as a Sequential:
+// Named<"c_attn", Linear<D, 3D>> (bias on), the attention, Named<"c_proj", Linear<D, D>>, so its
+// state-dict names are nanoGPT's (attn.c_attn.weight, attn.c_proj.bias).
+// CPU only so far: the CUDA forms (cuDNN's fused attention for bf16 / fp16, a kernel of kiln's
+// own for fp32) are not written yet, and a CUDA executor is refused at compile time.
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "kiln/backend/cpu/attention.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/nn/linear.hpp"
+#include "kiln/nn/module.hpp"
+#include "kiln/nn/named.hpp"
+#include "kiln/nn/sample_shape.hpp"
+#include "kiln/nn/sequential.hpp"
+
+namespace kiln::nn {
+
+namespace detail {
+template <index_t W3, index_t Heads>
+constexpr index_t attention_width() {
+  static_assert(W3 == dyn || W3 % (3 * Heads) == 0,
+                "kiln::nn::CausalAttention<Heads>: its input packs q, k and v ([B, T, 3 * D]), so its width must be "
+                "a multiple of 3 * Heads (attention_width<input width, heads> names both)");
+  return W3 == dyn ? dyn : W3 / 3;
+}
+}  // namespace detail
+
+// y [B, T, D] from qkv [B, T, 3D] (q = columns [0, D), k = [D, 2D), v = [2D, 3D); head h is columns
+// [h * D / heads, (h + 1) * D / heads) of each): y_i = softmax(q_i kᵀ / sqrt(D / heads), keys <= i) v.
+template <class Exec, class T, class S, index_t B, index_t L, index_t W3>
+auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, index_t heads) {
+  static_assert(std::is_same_v<S, host> && std::is_same_v<S, typename Exec::space>,
+                "kiln::nn::causal_attention: CPU only so far (the CUDA attention, cuDNN's fused kernel, is not "
+                "written yet)");
+  static_assert(std::is_floating_point_v<T>,
+                "kiln::nn::causal_attention: float or double activations (bf16 / fp16 attention is not written yet)");
+  constexpr index_t D = W3 == dyn ? dyn : W3 / 3;
+  using V = ag::Var<T, S, B, L, D>;
+  const Shape xs = qkv.shape();
+  const index_t width3 = xs[2];
+  KILN_CHECK(heads > 0 && width3 % (3 * heads) == 0, ShapeError, "causal_attention: qkv has shape ", xs.str(),
+             "; its last size must be 3 * heads * head_dim with ", heads, " heads");
+  cpu::AttentionDims dims;
+  dims.batch = xs[0];
+  dims.length = xs[1];
+  dims.heads = heads;
+  dims.head_dim = width3 / (3 * heads);
+  dims.scale = 1.0 / std::sqrt(double(dims.head_dim));
+  V out{typename V::tensor_type(Shape{xs[0], xs[1], width3 / 3})};
+  auto lse = std::make_shared<Tensor<T, S, dyn>>(Shape{dims.pairs() * dims.length});
+  Exec& exec = tape.exec();
+  // One work item per (sample, head); the flops of a pair, for the split across threads.
+  const index_t pair_work = dims.length * dims.length * dims.head_dim;
+  const index_t grain = std::max<index_t>(1, Exec::grain / std::max<index_t>(pair_work, 1));
+  const std::size_t bytes = std::size_t(xs.size() + out.value().size()) * sizeof(T);
+  {
+    const T* X = qkv.value().data();
+    T* Y = out.value().data();
+    T* LSE = lse->data();
+    exec.launch("causal_attention", [&exec, X, Y, LSE, dims, grain, pair_work, bytes](std::string_view nm) {
+      exec.stats().count(kind::other, nm, dims.pairs() * pair_work, bytes);
+      exec.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
+        cpu::causal_attention_forward(X, Y, LSE, dims, b, e);
+      });
+    });
+  }
+  if (!qkv.requires_grad() || !tape.recording()) return out;
+  out.set_requires_grad(true);
+  tape.record(out, {qkv.data()}, [xd = qkv.data(), lse, dims, grain, pair_work, bytes](Exec& ex, auto& od) {
+    if (!od.grad_valid || !xd->requires_grad) return;
+    const bool add = xd->grad_valid;
+    T* dX = xd->ensure_grad();
+    const T* X = xd->value.data();
+    const T* Y = od.value.data();
+    const T* G = od.grad.data();
+    const T* LSE = lse->data();
+    ex.launch("causal_attention_backward", [&ex, X, Y, G, LSE, dX, add, dims, grain, pair_work, bytes](std::string_view nm) {
+      ex.stats().count(kind::other, nm, 2 * dims.pairs() * pair_work, 2 * bytes);
+      ex.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
+        cpu::causal_attention_backward(X, Y, G, LSE, dX, add, dims, b, e);
+      });
+    });
+    xd->grad_valid = true;
+  });
+  return out;
+}
+
+// The attention of a transformer block as a layer without parameters: qkv [B, T, 3D] -> [B, T, D].
+template <index_t Heads>
+struct CausalAttention {
+  static_assert(Heads > 0, "kiln::nn::CausalAttention<Heads>: Heads must be positive");
+  static constexpr index_t heads = Heads;
+  template <class In>
+  using output_sample = decltype(output_of(static_cast<In*>(nullptr)));
+
+  template <class Exec, class T, class S, index_t B, index_t L, index_t W3>
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv) const {
+    (void)detail::attention_width<W3, Heads>();
+    return causal_attention(tape, qkv, Heads);
+  }
+  // ONE fused kernel each way.
+  static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
+  static std::string describe() { return "CausalAttention<" + std::to_string(Heads) + " heads>"; }
+
+ private:
+  static any_sample output_of(any_sample*);
+  template <index_t MaxT, index_t W3>
+  static sequence<MaxT, detail::attention_width<W3, Heads>()> output_of(sequence<MaxT, W3>*);
+};
+
+// nanoGPT's CausalSelfAttention: the QKV projection, fused attention, the output projection.
+template <index_t D, index_t Heads, class T = float, class Space = host>
+using CausalSelfAttention = Sequential<Named<"c_attn", Linear<D, 3 * D, true, T, Space>>, CausalAttention<Heads>,
+                                       Named<"c_proj", Linear<D, D, true, T, Space>>>;
+
+}  // namespace kiln::nn

@@ -1,0 +1,108 @@
+// kiln/nn/transformer.hpp — GPT-2's pre-norm transformer block.
+//
+//   x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))       mlp = c_proj(gelu_tanh(c_fc(x))), 4D wide
+//
+// Its parts are nanoGPT's Block, named as its state_dict names them (ln_1, attn.c_attn, attn.c_proj,
+// ln_2, mlp.c_fc, mlp.c_proj); c_fc's GELU runs in its GEMM's epilogue (Sequential fuses a Linear
+// and the activation after it), and each residual add is ONE kernel each way. The block shows its
+// parts as a Sequential does (size(), layer<I>()), so the layer walkers — state-dict names, train /
+// eval, summaries — visit them; its forward is its own, the two residual adds.
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include "kiln/autograd/map.hpp"
+#include "kiln/expr/elementwise.hpp"
+#include "kiln/nn/activation.hpp"
+#include "kiln/nn/attention.hpp"
+#include "kiln/nn/layernorm.hpp"
+#include "kiln/nn/linear.hpp"
+#include "kiln/nn/named.hpp"
+#include "kiln/nn/sequential.hpp"
+
+namespace kiln::nn {
+
+// GPT-2's MLP: D -> 4D (GELU, tanh form, in the GEMM's epilogue) -> D.
+template <index_t D, class T = float, class Space = host>
+using TransformerMlp = Sequential<Named<"c_fc", Linear<D, 4 * D, true, T, Space>>, GELUTanh,
+                                  Named<"c_proj", Linear<4 * D, D, true, T, Space>>>;
+
+template <index_t D, index_t Heads, class T = float, class Space = host>
+class TransformerBlock {
+  static_assert(D > 0 && Heads > 0 && D % Heads == 0,
+                "kiln::nn::TransformerBlock<D, Heads>: D must be a positive multiple of Heads");
+  using Parts = Sequential<Named<"ln_1", LayerNorm<D, T, Space>>, Named<"attn", CausalSelfAttention<D, Heads, T, Space>>,
+                           Named<"ln_2", LayerNorm<D, T, Space>>, Named<"mlp", TransformerMlp<D, T, Space>>>;
+
+ public:
+  static constexpr index_t width = D;
+  static constexpr index_t heads = Heads;
+  using value_type = T;
+  using space = Space;
+  template <class S>
+  using on = TransformerBlock<D, Heads, T, S>;
+  // sequence<MaxT, D> in and out (a wrong width is layer_accepts' static_assert at ln_1).
+  template <class In>
+  using output_sample = output_sample_t<Parts, In>;
+
+  explicit TransformerBlock(Generator& gen) : parts_(gen) {}
+  explicit TransformerBlock(std::uint64_t seed = 0) : parts_(seed) {}
+
+  template <class Exec, class X>
+  auto forward(ag::Tape<Exec>& tape, const X& x) {
+    const auto a = parts_.template layer<1>().forward(tape, parts_.template layer<0>().forward(tape, x));
+    const X h = ag::map(tape, x + a);
+    const auto m = parts_.template layer<3>().forward(tape, parts_.template layer<2>().forward(tape, h));
+    return X(ag::map(tape, h + m));
+  }
+
+  // The parts, in the order they run (for the layer walkers).
+  static constexpr std::size_t size() { return Parts::size(); }
+  template <std::size_t I>
+  auto& layer() {
+    return parts_.template layer<I>();
+  }
+  template <std::size_t I>
+  const auto& layer() const {
+    return parts_.template layer<I>();
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) const {
+    parts_.for_each_parameter(f);
+  }
+  void train(bool on = true) { parts_.train(on); }
+  void eval() { train(false); }
+  bool training() const { return parts_.training(); }
+
+  // The parts' launches (each part's input needs a gradient: x is a trained layer's output) and
+  // the two residual adds, ONE kernel each way.
+  static constexpr Launches launches(const LaunchContext& c) {
+    Launches l = part_launches(c);
+    l += Launches{2, c.input_grad ? 2 : 0};
+    return l;
+  }
+  static constexpr index_t parameter_tensors = Parts::parameter_tensors;
+  static constexpr bool counts_launches = Parts::counts_launches;
+  std::string describe() const { return "TransformerBlock<" + std::to_string(D) + ", " + std::to_string(Heads) + " heads>"; }
+
+ private:
+  static constexpr Launches part_launches(LaunchContext c) {
+    // ln_1, attn: x's gradient as the block's; ln_2, mlp: always (their input is the block's sum).
+    Launches l{};
+    l += std::remove_cvref_t<decltype(std::declval<Parts&>().template layer<0>())>::launches(c);
+    using Attn = std::remove_cvref_t<decltype(std::declval<Parts&>().template layer<1>())>;
+    using Mlp = std::remove_cvref_t<decltype(std::declval<Parts&>().template layer<3>())>;
+    LaunchContext inner = c;
+    inner.input_grad = true;  // after ln_1's parameters
+    l += Attn::launches(inner);
+    l += std::remove_cvref_t<decltype(std::declval<Parts&>().template layer<2>())>::launches(inner);
+    l += Mlp::launches(inner);
+    return l;
+  }
+
+  Parts parts_;
+};
+
+}  // namespace kiln::nn
