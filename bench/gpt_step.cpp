@@ -41,13 +41,14 @@ struct KilnStep {
   double kernels;
 };
 
+template <class Policy>
 KilnStep kiln_step(int threads, int steps) {
   CpuExecutor exec(threads);
   Model model(0);
   optim::AdamW opt(model, {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.1});
   train::StepOptions options;
   options.after_backward = [&](index_t) { optim::clip_grad_norm(opt.table(), 1.0, exec); };
-  train::Step step(model, opt, exec, kiln::policy<>{}, train::CrossEntropy{}, options);
+  train::Step step(model, opt, exec, Policy{}, train::CrossEntropy{}, options);
   Generator gen(1);
   std::vector<std::int32_t> tokens(100000);
   for (auto& t : tokens) t = std::int32_t(gen.below(config.vocab));
@@ -80,11 +81,13 @@ int main(int argc, char** argv) {
   std::string thread_list = "1";
   int steps = 100;
   std::string python = kiln_bench::default_python();
+  std::string mode = "reduce_overhead";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") thread_list = argv[i + 1];
     else if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else if (a == "--python") python = argv[i + 1];
+    else if (a == "--mode") mode = argv[i + 1];
   }
   std::vector<int> thread_counts;
   std::stringstream list(thread_list);
@@ -105,10 +108,11 @@ int main(int argc, char** argv) {
     }
   }
   for (int threads : thread_counts) {
-    const KilnStep k = kiln_step(threads, steps);
-    std::printf("{\"bench\": \"gpt_step\", \"backend\": \"cpu\", \"threads\": %d, \"kiln_ms\": %.4f, "
+    const KilnStep k = mode == "reduce_overhead" ? kiln_step<kiln::policy<kiln::mode::reduce_overhead>>(threads, steps)
+                                                 : kiln_step<kiln::policy<>>(threads, steps);
+    std::printf("{\"bench\": \"gpt_step\", \"backend\": \"cpu\", \"mode\": \"%s\", \"threads\": %d, \"kiln_ms\": %.4f, "
                 "\"kernels_per_step\": %.1f}\n",
-                threads, k.ms, k.kernels);
+                mode.c_str(), threads, k.ms, k.kernels);
     const PeerTime* fastest = nullptr;
     for (const auto& p : peers) {
       if (p.threads != threads) continue;

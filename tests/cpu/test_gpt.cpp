@@ -8,6 +8,7 @@
 #include <kiln/data/text.hpp>
 #include <kiln/io/safetensors.hpp>
 #include <kiln/models/gpt.hpp>
+#include <kiln/models/gpt_sample.hpp>
 #include <kiln/optim/adam.hpp>
 #include <kiln/optim/clip.hpp>
 #include <kiln/train/checkpoint.hpp>
@@ -175,6 +176,42 @@ TEST_CASE("GPT: 10 AdamW steps (groups, clipping) lose what PyTorch's lose") {
   }
   MESSAGE("10 steps: largest relative loss difference ", worst, " (PyTorch's last loss ", want.back(), ")");
   CHECK(worst < 1e-5);
+}
+
+TEST_CASE("GPT: reduce_overhead replays the whole step, bit for bit, with B * T labels per batch") {
+  const auto x = floats("ref.x");
+  const auto y = ints("ref.y");
+  auto losses = [&](auto policy) {
+    Tiny model = loaded();
+    CpuExecutor exec(2);
+    optim::AdamW opt(model, {.lr = 1e-2, .beta2 = 0.99, .weight_decay = 0.1});
+    train::Step step(model, opt, exec, policy);
+    std::vector<float> out;
+    for (int i = 0; i < 5; ++i) out.push_back(step.run(x.data(), y.data(), batch, length).item());
+    if constexpr (decltype(step)::captures) CHECK(step.captures_made().counts().replays == 4);
+    return out;
+  };
+  const auto eager = losses(kiln::policy<>{});
+  const auto replayed = losses(kiln::policy<kiln::mode::reduce_overhead>{});
+  CHECK(eager == replayed);
+}
+
+TEST_CASE("GPT: generation with the key/value cache draws nanoGPT's loop's tokens") {
+  Tiny model = loaded();
+  CpuExecutor exec(1);
+  const std::vector<std::int32_t> prompt{1, 2, 3};
+  for (const models::SampleOptions o : {models::SampleOptions{.temperature = 1.0, .top_k = 0, .seed = 3},
+                                        models::SampleOptions{.temperature = 0.8, .top_k = 5, .seed = 4}}) {
+    // 30 tokens: past the block of 16, where both re-run the last 16 for each token.
+    const auto cached = models::generate(model, exec, prompt, 30, o);
+    const auto uncached = models::generate_uncached(model, exec, prompt, 30, o);
+    CHECK(cached == uncached);
+    CHECK(cached.size() == 30);
+  }
+  CHECK_THROWS_WITH_AS(models::generate(model, exec, std::vector<std::int32_t>{}, 3), doctest::Contains("the prompt is empty"),
+                       ValueError);
+  CHECK_THROWS_WITH_AS(models::generate(model, exec, std::vector<std::int32_t>{3, 99}, 3),
+                       doctest::Contains("prompt token 99 at position 1"), ValueError);
 }
 
 TEST_CASE("GPT: bad input is named") {

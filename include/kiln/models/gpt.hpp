@@ -64,6 +64,8 @@ class GPT : public nn::Sequential<nn::Named<"transformer", GptTrunk<C, T, Space>
   // train::Step's batch width: block_size token ids per row.
   static constexpr index_t in_features = C.block_size;
   static constexpr index_t out_features = C.vocab;
+  // A batch row's labels: the next token at each of its block_size positions (train::Step).
+  static constexpr index_t labels_per_row = C.block_size;
   template <class S>
   using on = GPT<C, T, S>;
 

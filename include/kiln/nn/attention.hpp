@@ -31,11 +31,21 @@ namespace kiln::nn {
 namespace detail {
 template <index_t W3, index_t Heads>
 constexpr index_t attention_width() {
-  static_assert(W3 == dyn || W3 % (3 * Heads) == 0,
-                "kiln::nn::CausalAttention<Heads>: its input packs q, k and v ([B, T, 3 * D]), so its width must be "
-                "a multiple of 3 * Heads (attention_width<input width, heads> names both)");
   return W3 == dyn ? dyn : W3 / 3;
 }
+// CausalAttention<Heads>'s output sample for input In (instantiated per input, so the compiler
+// names the width and the heads).
+template <class In, index_t Heads>
+struct attention_output {
+  using type = any_sample;
+};
+template <index_t MaxT, index_t W3, index_t Heads>
+struct attention_output<sequence<MaxT, W3>, Heads> {
+  static_assert(W3 == dyn || W3 % (3 * Heads) == 0,
+                "kiln::nn::CausalAttention<Heads>: its input packs q, k and v ([B, T, 3 * D]), so its width must be "
+                "a multiple of 3 * Heads (attention_output<sequence<max_length, width>, heads> names both)");
+  using type = sequence<MaxT, attention_width<W3, Heads>()>;
+};
 }  // namespace detail
 
 // y [B, T, D] from qkv [B, T, 3D] (q = columns [0, D), k = [D, 2D), v = [2D, 3D); head h is columns
@@ -104,21 +114,17 @@ struct CausalAttention {
   static_assert(Heads > 0, "kiln::nn::CausalAttention<Heads>: Heads must be positive");
   static constexpr index_t heads = Heads;
   template <class In>
-  using output_sample = decltype(output_of(static_cast<In*>(nullptr)));
+  using output_sample = typename detail::attention_output<In, Heads>::type;
 
   template <class Exec, class T, class S, index_t B, index_t L, index_t W3>
   auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv) const {
-    (void)detail::attention_width<W3, Heads>();
+    static_assert(W3 == dyn || W3 % (3 * Heads) == 0,
+                  "kiln::nn::CausalAttention<Heads>: its input's width must be a multiple of 3 * Heads");
     return causal_attention(tape, qkv, Heads);
   }
   // ONE fused kernel each way.
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
   static std::string describe() { return "CausalAttention<" + std::to_string(Heads) + " heads>"; }
-
- private:
-  static any_sample output_of(any_sample*);
-  template <index_t MaxT, index_t W3>
-  static sequence<MaxT, detail::attention_width<W3, Heads>()> output_of(sequence<MaxT, W3>*);
 };
 
 // nanoGPT's CausalSelfAttention: the QKV projection, fused attention, the output projection.

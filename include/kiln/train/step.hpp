@@ -121,6 +121,12 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
   // The type GEMM inputs and saved activations are stored in (float unless mixed).
   using low_type = typename Policy::precision::low_type;
   using Input = ag::Var<low_type, space, dyn, Model::in_features>;
+  // Labels per batch row: 1 for a classifier, T for a sequence model whose every position has a
+  // next-token label (models::GPT says `labels_per_row = block_size`).
+  static constexpr index_t labels_per_row = [] {
+    if constexpr (requires { Model::labels_per_row; }) return index_t(Model::labels_per_row);
+    else return index_t(1);
+  }();
 
   Step(Model& model, Optimizer& optimizer, Exec& exec, Policy = {}, Loss loss = {}, StepOptions options = {})
       : Step(model, optimizer, exec, info, std::move(loss), std::move(options)) {
@@ -274,7 +280,7 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
     const optim::ParamTable& table = this->opt_->table();
     if (c && c->captured && c->params.matches(*this->model_)) {
       this->copy_input(c->input, features, rows);
-      exec.copy(c->labels.data(), labels, std::size_t(rows) * sizeof(std::int32_t));
+      exec.copy(c->labels.data(), labels, std::size_t(rows * labels_per_row) * sizeof(std::int32_t));
       exec.replay(c->graph);
       set_grad_flags(table, c->grads_after);
       ++c->replays;
@@ -293,8 +299,8 @@ class Step final : public StepBase<Model, Optimizer, Exec, Loss> {
     const std::vector<bool> flags_before = grad_flags(table);
     auto restore_flags = [&] { set_grad_flags(table, flags_before); };
     this->copy_input(fresh.input, features, rows);
-    fresh.labels.resize(Shape{rows});
-    exec.copy(fresh.labels.data(), labels, std::size_t(rows) * sizeof(std::int32_t));
+    fresh.labels.resize(Shape{rows * labels_per_row});
+    exec.copy(fresh.labels.data(), labels, std::size_t(rows * labels_per_row) * sizeof(std::int32_t));
     fresh.captured = true;
     exec.begin_capture(fresh.graph);
     try {
