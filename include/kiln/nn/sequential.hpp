@@ -432,7 +432,11 @@ class Sequential {
   std::string describe_nested() const {
     std::string out;
     describe_layers(out, std::index_sequence_for<Layers...>{});
-    return "[" + out.substr(1) + "]";
+    // Appended, not "[" + out.substr(1): g++ 12 warns (-Wrestrict, a false positive) on that form.
+    std::string nested = "[";
+    nested.append(out, out.empty() ? 0 : 1);
+    nested += ']';
+    return nested;
   }
 
   // Runs layer I on x (used by the forward fold). In anomaly mode (autograd/anomaly.hpp) the
