@@ -11,6 +11,7 @@
 #include <kiln/models/gpt_sample.hpp>
 #include <kiln/optim/adam.hpp>
 #include <kiln/optim/clip.hpp>
+#include <kiln/optim/sgd.hpp>
 #include <kiln/train/checkpoint.hpp>
 #include <kiln/train/step.hpp>
 
@@ -194,6 +195,28 @@ TEST_CASE("GPT: reduce_overhead replays the whole step, bit for bit, with B * T 
   const auto eager = losses(kiln::policy<>{});
   const auto replayed = losses(kiln::policy<kiln::mode::reduce_overhead>{});
   CHECK(eager == replayed);
+}
+
+TEST_CASE("GPT: two accumulated micro-batches of 2 rows step as one batch of 4") {
+  const auto x = floats("ref.x");
+  const auto y = ints("ref.y");
+  auto after_one_step = [&](auto policy, index_t rows) {
+    Tiny model = loaded();
+    CpuExecutor exec(1);
+    optim::SGD opt(model, {.lr = 0.1});
+    train::Step step(model, opt, exec, policy);
+    for (index_t r = 0; r < batch; r += rows) (void)step.run(x.data() + r * length, y.data() + r * length, rows, length);
+    std::vector<float> values;
+    model.for_each_parameter([&](const auto& v) { values.insert(values.end(), v.value().data(), v.value().data() + v.value().size()); });
+    return values;
+  };
+  const auto whole = after_one_step(kiln::policy<>{}, batch);
+  const auto accumulated = after_one_step(kiln::policy<kiln::accumulate<2>>{}, batch / 2);
+  REQUIRE(whole.size() == accumulated.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < whole.size(); ++i) worst = std::max(worst, double(std::abs(whole[i] - accumulated[i])));
+  CHECK(worst < 1e-6);
+  CHECK(whole != after_one_step(kiln::policy<>{}, batch / 2));  // not the same as two steps
 }
 
 TEST_CASE("GPT: generation with the key/value cache draws nanoGPT's loop's tokens") {

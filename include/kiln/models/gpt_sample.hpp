@@ -122,10 +122,10 @@ std::vector<std::int32_t> generate(GPT<C>& model, CpuExecutor& exec, std::span<c
   using Row = ag::Var<float, host, dyn, dyn, D>;
   // Per layer: keys and values of every position so far, [Tm][D] each (head h at columns h * hd).
   std::vector<float> keys(static_cast<std::size_t>(L * Tm * D)), values(static_cast<std::size_t>(L * Tm * D));
-  const auto& trunk = model.transformer();
+  auto& trunk = model.transformer();
   const float* wte = trunk.template layer<0>().weight().value().data();
   const float* wpe = trunk.template layer<1>().weight().value().data();
-  auto& blocks = const_cast<std::remove_cvref_t<decltype(trunk.template layer<2>())>&>(trunk.template layer<2>());
+  auto& blocks = trunk.template layer<2>();
   const double scale = 1.0 / std::sqrt(double(hd));
   std::vector<float> scores(static_cast<std::size_t>(Tm));
   std::vector<std::int32_t> out;
