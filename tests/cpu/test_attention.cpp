@@ -32,8 +32,10 @@ Qkv make_qkv(index_t b, index_t t, index_t w3, const std::vector<double>& values
   return x;
 }
 
-// Attention as the formula: y[b, i, head] = sum_{j <= i} softmax_j(q_i · k_j * scale) v_j.
-std::vector<double> reference(const std::vector<double>& qkv, index_t B, index_t T, index_t H, index_t hd) {
+// Attention as the formula: y[b, i, head] = sum_{j <= i} softmax_j(q_i · k_j * scale) z_ij v_j, z_ij the
+// dropout factor (1 without dropout; 1 / (1 - p) or 0 by the mask's definition in AttentionDims).
+std::vector<double> reference(const std::vector<double>& qkv, index_t B, index_t T, index_t H, index_t hd,
+                              nn::AttentionDropout drop = {}) {
   const index_t W = H * hd, row = 3 * W;
   const double scale = 1.0 / std::sqrt(double(hd));
   std::vector<double> y(std::size_t(B * T * W), 0.0);
@@ -51,27 +53,33 @@ std::vector<double> reference(const std::vector<double>& qkv, index_t B, index_t
         }
         double sum = 0;
         for (double& e : s) sum += (e = std::exp(e - mx));
-        for (index_t j = 0; j <= i; ++j)
+        for (index_t j = 0; j <= i; ++j) {
+          double z = 1.0;
+          if (drop.p > 0) {
+            const std::uint64_t counter = drop.offset + std::uint64_t(((b * H + h) * T + i) * T + j);
+            z = uniform01(drop.seed, counter) >= float(drop.p) ? 1.0 / (1.0 - double(float(drop.p))) : 0.0;
+          }
           for (index_t d = 0; d < hd; ++d)
             y[std::size_t((b * T + i) * W + h * hd + d)] +=
-                s[std::size_t(j)] / sum * qkv[std::size_t((b * T + j) * row + 2 * W + h * hd + d)];
+                s[std::size_t(j)] / sum * z * qkv[std::size_t((b * T + j) * row + 2 * W + h * hd + d)];
+        }
       }
   return y;
 }
 
 // sum(attention(qkv) * w): a scalar whose gradient is attention's backward of w.
 double weighted_sum(const std::vector<double>& qkv, const std::vector<double>& w, index_t B, index_t T, index_t H,
-                    index_t hd) {
+                    index_t hd, nn::AttentionDropout drop) {
   CpuExecutor exec(1);
   ag::Tape<CpuExecutor> tape(exec);
   ag::NoGrad off;
-  const auto y = nn::causal_attention(tape, make_qkv(B, T, 3 * H * hd, qkv, false), H);
+  const auto y = nn::causal_attention(tape, make_qkv(B, T, 3 * H * hd, qkv, false), H, drop);
   double s = 0;
   for (index_t i = 0; i < y.value().size(); ++i) s += y.value().data()[i] * w[std::size_t(i)];
   return s;
 }
 
-void check_case(index_t B, index_t T, index_t H, index_t hd, int threads) {
+void check_case(index_t B, index_t T, index_t H, index_t hd, int threads, nn::AttentionDropout drop = {}) {
   CAPTURE(B);
   CAPTURE(T);
   CAPTURE(H);
@@ -83,9 +91,10 @@ void check_case(index_t B, index_t T, index_t H, index_t hd, int threads) {
   CpuExecutor exec(threads);
   ag::Tape<CpuExecutor> tape(exec);
   auto x = make_qkv(B, T, 3 * W, qkv, true);
-  const auto y = nn::causal_attention(tape, x, H);
+  CAPTURE(drop.p);
+  const auto y = nn::causal_attention(tape, x, H, drop);
   REQUIRE(y.shape() == Shape{B, T, W});
-  const auto ref = reference(qkv, B, T, H, hd);
+  const auto ref = reference(qkv, B, T, H, hd, drop);
   double worst = 0;
   for (index_t i = 0; i < y.value().size(); ++i) worst = std::max(worst, std::abs(y.value().data()[i] - ref[std::size_t(i)]));
   CHECK(worst < 1e-12);
@@ -101,9 +110,9 @@ void check_case(index_t B, index_t T, index_t H, index_t hd, int threads) {
   for (std::size_t i = 0; i < p.size(); ++i) {
     const double v = p[i];
     p[i] = v + eps;
-    const double up = weighted_sum(p, w, B, T, H, hd);
+    const double up = weighted_sum(p, w, B, T, H, hd, drop);
     p[i] = v - eps;
-    const double down = weighted_sum(p, w, B, T, H, hd);
+    const double down = weighted_sum(p, w, B, T, H, hd, drop);
     p[i] = v;
     const double numeric = (up - down) / (2 * eps);
     worst_grad = std::max(worst_grad, std::abs(numeric - x.grad().data()[i]));
@@ -121,6 +130,24 @@ TEST_CASE("causal attention: the formula's values and fp64 finite-difference gra
   check_case(1, 64, 2, 4, 2);    // exactly one tile, two threads
   check_case(2, 67, 3, 2, 2);    // one tile and three rows: the mask inside the second tile
   check_case(1, 130, 1, 8, 1);   // three tiles
+}
+
+TEST_CASE("causal attention with dropout on the probabilities: the mask's definition, and its gradients") {
+  // The same mask in forward and backward (drawn twice from its counters, never stored).
+  check_case(2, 5, 2, 3, 1, {.p = 0.3, .seed = 11, .offset = 0});
+  check_case(1, 67, 2, 4, 2, {.p = 0.5, .seed = 12, .offset = 1000});
+  // A different offset draws a different mask; p = 0 is the plain op.
+  const auto qkv = random_values(1 * 8 * 3 * 4, 3);
+  CpuExecutor exec(1);
+  ag::Tape<CpuExecutor> tape(exec);
+  const auto x = make_qkv(1, 8, 12, qkv, false);
+  const auto a = nn::causal_attention(tape, x, 2, {.p = 0.4, .seed = 1, .offset = 0});
+  const auto b = nn::causal_attention(tape, x, 2, {.p = 0.4, .seed = 1, .offset = 64});
+  const auto c = nn::causal_attention(tape, x, 2, {.p = 0.0, .seed = 1, .offset = 0});
+  const auto d = nn::causal_attention(tape, x, 2);
+  CHECK(std::vector<double>(a.value().data(), a.value().data() + 32) != std::vector<double>(b.value().data(), b.value().data() + 32));
+  CHECK(std::vector<double>(c.value().data(), c.value().data() + 32) == std::vector<double>(d.value().data(), d.value().data() + 32));
+  CHECK_THROWS_WITH_AS(nn::causal_attention(tape, x, 2, {.p = 1.0}), doctest::Contains("must be in [0, 1)"), ValueError);
 }
 
 TEST_CASE("causal attention: the same bits at any thread count, and accumulated gradients") {

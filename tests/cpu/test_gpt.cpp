@@ -237,6 +237,35 @@ TEST_CASE("GPT: generation with the key/value cache draws nanoGPT's loop's token
                        doctest::Contains("prompt token 99 at position 1"), ValueError);
 }
 
+TEST_CASE("GPT: nanoGPT's dropout trains with fresh masks and is off in eval mode") {
+  constexpr models::GptConfig dropping{.vocab = 65, .block_size = 16, .layers = 2, .heads = 2, .width = 32, .dropout = 0.2};
+  models::GPT<dropping> model(1);
+  // The same state-dict names (its dropout layers hold nothing): PyTorch's weights load strictly.
+  const auto result = train::load_weights(fixture_path(), model, {.skip = {"ref."}});
+  CHECK(result.missing.empty());
+  CHECK(result.unexpected.empty());
+  CpuExecutor exec(2);
+  ag::Tape<CpuExecutor> tape(exec);
+  {
+    nn::EvalScope evaluating(model);  // eval: no dropout, PyTorch's logits
+    const auto logits = model.forward(tape, input());
+    CHECK(relative_error(logits.value().data(), floats("ref.logits")) < 1e-5);
+  }
+  const auto first = model.forward(tape, input());
+  const auto second = model.forward(tape, input());
+  const std::vector<float> a(first.value().data(), first.value().data() + first.value().size());
+  const std::vector<float> b(second.value().data(), second.value().data() + second.value().size());
+  CHECK(a != b);  // a fresh mask every forward
+  CHECK(relative_error(a.data(), floats("ref.logits")) > 1e-3);
+  // A step runs (through the tape: dropout's offsets keep reduce_overhead from capturing it).
+  optim::AdamW opt(model, {.lr = 1e-2});
+  train::Step step(model, opt, exec);
+  const auto x = floats("ref.x");
+  const auto y = ints("ref.y");
+  for (int i = 0; i < 3; ++i) CHECK(std::isfinite(step.run(x.data(), y.data(), batch, length).item()));
+  CHECK(model.describe().find("dropout 0.20") != std::string::npos);
+}
+
 TEST_CASE("GPT: bad input is named") {
   Tiny model(0);
   CpuExecutor exec(1);

@@ -25,8 +25,10 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "kiln/io/state_dict.hpp"
+#include "kiln/nn/dropout.hpp"
 #include "kiln/nn/embedding.hpp"
 #include "kiln/nn/init.hpp"
 #include "kiln/nn/layernorm.hpp"
@@ -43,13 +45,23 @@ struct GptConfig {
   index_t layers = 4;
   index_t heads = 4;
   index_t width = 128;  // n_embd
+  // nanoGPT's dropout: after the embeddings, on the attention probabilities, at the end of both
+  // residual branches (train mode only). 0: no dropout layers at all (and reduce_overhead captures).
+  double dropout = 0.0;
 };
 
 template <GptConfig C, class T = float, class Space = host>
-using GptTrunk = nn::Sequential<nn::Named<"wte", nn::Embedding<C.vocab, C.width, T, Space>>,
-                                nn::Named<"wpe", nn::PositionEmbedding<C.block_size, C.width, T, Space>>,
-                                nn::Named<"h", nn::Repeat<C.layers, nn::TransformerBlock<C.width, C.heads, T, Space>>>,
-                                nn::Named<"ln_f", nn::LayerNorm<C.width, T, Space>>>;
+using GptBlocks = nn::Named<"h", nn::Repeat<C.layers, nn::TransformerBlock<C.width, C.heads, C.dropout, T, Space>>>;
+template <GptConfig C, class T = float, class Space = host>
+using GptTrunk = std::conditional_t<
+    C.dropout == 0.0,
+    nn::Sequential<nn::Named<"wte", nn::Embedding<C.vocab, C.width, T, Space>>,
+                   nn::Named<"wpe", nn::PositionEmbedding<C.block_size, C.width, T, Space>>, GptBlocks<C, T, Space>,
+                   nn::Named<"ln_f", nn::LayerNorm<C.width, T, Space>>>,
+    nn::Sequential<nn::Named<"wte", nn::Embedding<C.vocab, C.width, T, Space>>,
+                   nn::Named<"wpe", nn::PositionEmbedding<C.block_size, C.width, T, Space>>,
+                   nn::Named<"drop", nn::Dropout<C.dropout>>, GptBlocks<C, T, Space>,
+                   nn::Named<"ln_f", nn::LayerNorm<C.width, T, Space>>>>;
 
 template <GptConfig C, class T = float, class Space = host>
 class GPT : public nn::Sequential<nn::Named<"transformer", GptTrunk<C, T, Space>>,
@@ -58,6 +70,7 @@ class GPT : public nn::Sequential<nn::Named<"transformer", GptTrunk<C, T, Space>
                               nn::Named<"lm_head", nn::TiedHead<C.vocab, C.width, T, Space>>>;
   static_assert(C.vocab > 0 && C.block_size > 0 && C.layers > 0 && C.heads > 0 && C.width % C.heads == 0,
                 "kiln::models::GPT: vocab, block_size, layers and heads must be positive and width a multiple of heads");
+  static_assert(C.dropout >= 0.0 && C.dropout < 1.0, "kiln::models::GPT: dropout must be in [0, 1)");
 
  public:
   static constexpr GptConfig config = C;
@@ -81,6 +94,11 @@ class GPT : public nn::Sequential<nn::Named<"transformer", GptTrunk<C, T, Space>
   auto& transformer() { return this->template layer<0>(); }
   const auto& transformer() const { return this->template layer<0>(); }
   const auto& token_embedding() const { return transformer().template layer<0>(); }
+  // The trunk's blocks (transformer.h) and final LayerNorm (transformer.ln_f): after "drop" when
+  // the model has dropout.
+  static constexpr std::size_t blocks_index = C.dropout == 0.0 ? 2 : 3;
+  auto& blocks() { return transformer().template layer<blocks_index>(); }
+  auto& final_norm() { return transformer().template layer<blocks_index + 1>(); }
 
   // The optimizer's table: biases, LayerNorm parameters and both embeddings without weight decay.
   optim::ParamTable param_table() const {
@@ -105,7 +123,8 @@ class GPT : public nn::Sequential<nn::Named<"transformer", GptTrunk<C, T, Space>
   std::string describe() const {
     return "GPT (vocab " + std::to_string(C.vocab) + ", block " + std::to_string(C.block_size) + ", " +
            std::to_string(C.layers) + " layers, " + std::to_string(C.heads) + " heads, width " +
-           std::to_string(C.width) + "; " + std::to_string(this->parameter_count()) + " parameters, head tied)";
+           std::to_string(C.width) + (C.dropout > 0.0 ? ", dropout " + std::to_string(C.dropout).substr(0, 4) : std::string()) +
+           "; " + std::to_string(this->parameter_count()) + " parameters, head tied)";
   }
 
  private:

@@ -125,7 +125,7 @@ std::vector<std::int32_t> generate(GPT<C>& model, CpuExecutor& exec, std::span<c
   auto& trunk = model.transformer();
   const float* wte = trunk.template layer<0>().weight().value().data();
   const float* wpe = trunk.template layer<1>().weight().value().data();
-  auto& blocks = trunk.template layer<2>();
+  auto& blocks = model.blocks();
   const double scale = 1.0 / std::sqrt(double(hd));
   std::vector<float> scores(static_cast<std::size_t>(Tm));
   std::vector<std::int32_t> out;
@@ -166,7 +166,7 @@ std::vector<std::int32_t> generate(GPT<C>& model, CpuExecutor& exec, std::span<c
       const auto m = block.template layer<3>().forward(tape, block.template layer<2>().forward(tape, x));
       for (index_t c = 0; c < D; ++c) x.value().data()[c] += m.value().data()[c];
     }
-    return model.template layer<1>().forward(tape, trunk.template layer<3>().forward(tape, x));
+    return model.template layer<1>().forward(tape, model.final_norm().forward(tape, x));
   };
 
   std::vector<std::int32_t> context(prompt.begin(), prompt.end());

@@ -14,12 +14,15 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
 
 #include "kiln/backend/cpu/attention.hpp"
+#include "kiln/core/random.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/nn/dropout.hpp"
 #include "kiln/nn/linear.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/named.hpp"
@@ -48,10 +51,19 @@ struct attention_output<sequence<MaxT, W3>, Heads> {
 };
 }  // namespace detail
 
+// Dropout on the attention probabilities: p (0: none), and the Philox stream the mask comes from
+// (a call draws B * heads * T * T counters from `offset` on; CausalAttention advances it).
+struct AttentionDropout {
+  double p = 0.0;
+  std::uint64_t seed = 0, offset = 0;
+};
+
 // y [B, T, D] from qkv [B, T, 3D] (q = columns [0, D), k = [D, 2D), v = [2D, 3D); head h is columns
-// [h * D / heads, (h + 1) * D / heads) of each): y_i = softmax(q_i kᵀ / sqrt(D / heads), keys <= i) v.
+// [h * D / heads, (h + 1) * D / heads) of each): y_i = softmax(q_i kᵀ / sqrt(D / heads), keys <= i) v,
+// the probabilities dropped with drop.p and the kept ones scaled by 1 / (1 - p) (inverted dropout).
 template <class Exec, class T, class S, index_t B, index_t L, index_t W3>
-auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, index_t heads) {
+auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, index_t heads,
+                      AttentionDropout drop = {}) {
   static_assert(std::is_same_v<S, host> && std::is_same_v<S, typename Exec::space>,
                 "kiln::nn::causal_attention: CPU only so far (the CUDA attention, cuDNN's fused kernel, is not "
                 "written yet)");
@@ -69,6 +81,11 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
   dims.heads = heads;
   dims.head_dim = width3 / (3 * heads);
   dims.scale = 1.0 / std::sqrt(double(dims.head_dim));
+  KILN_CHECK(drop.p >= 0.0 && drop.p < 1.0, ValueError, "causal_attention: the dropout probability must be in [0, 1), got ",
+             drop.p);
+  dims.dropout = float(drop.p);
+  dims.seed = drop.seed;
+  dims.offset = drop.offset;
   V out{typename V::tensor_type(Shape{xs[0], xs[1], width3 / 3})};
   auto lse = std::make_shared<Tensor<T, S, dyn>>(Shape{dims.pairs() * dims.length});
   Exec& exec = tape.exec();
@@ -108,28 +125,72 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
   return out;
 }
 
-// The attention of a transformer block as a layer without parameters: qkv [B, T, 3D] -> [B, T, D].
-template <index_t Heads>
-struct CausalAttention {
+// The attention of a transformer block as a layer without parameters: qkv [B, T, 3D] -> [B, T, D],
+// with dropout P on the probabilities in train mode (nanoGPT's attn_dropout; a fresh mask every
+// forward, as nn::Dropout: the offset advances by the counters drawn, and the step is then not
+// captured by reduce_overhead, whose replays could not advance it).
+template <index_t Heads, double P = 0.0>
+class CausalAttention {
   static_assert(Heads > 0, "kiln::nn::CausalAttention<Heads>: Heads must be positive");
+  static_assert(P >= 0.0 && P < 1.0, "kiln::nn::CausalAttention<Heads, P>: the dropout probability P must be in [0, 1)");
+
+ public:
   static constexpr index_t heads = Heads;
+  static constexpr double dropout = P;
+
+  CausalAttention() = default;
+  // With dropout, Sequential's constructor: the mask's seed is the generator's next 64 bits (none
+  // is drawn without dropout, so a model's other draws do not move).
+  explicit CausalAttention(Generator& gen)
+    requires(P > 0.0)
+      : seed_(gen.next_u64()) {}
+
   template <class In>
   using output_sample = typename detail::attention_output<In, Heads>::type;
 
   template <class Exec, class T, class S, index_t B, index_t L, index_t W3>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv) const {
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv) {
     static_assert(W3 == dyn || W3 % (3 * Heads) == 0,
                   "kiln::nn::CausalAttention<Heads>: its input's width must be a multiple of 3 * Heads");
+    if constexpr (P > 0.0) {
+      if (training_) {
+        tape.exec().stats().host_state("attention dropout's random offset");
+        auto y = causal_attention(tape, qkv, Heads, {P, seed_, offset_});
+        offset_ += std::uint64_t(qkv.dim(0) * Heads * qkv.dim(1) * qkv.dim(1));
+        return y;
+      }
+    }
     return causal_attention(tape, qkv, Heads);
   }
-  // ONE fused kernel each way.
+  // ONE fused kernel each way (the dropout mask is drawn inside them).
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
-  static std::string describe() { return "CausalAttention<" + std::to_string(Heads) + " heads>"; }
+  static std::string describe() {
+    return "CausalAttention<" + std::to_string(Heads) + " heads" + (P > 0.0 ? ", dropout>" : ">");
+  }
+
+  void train(bool on = true) { training_ = on; }
+  void eval() { training_ = false; }
+  bool training() const { return training_; }
+  std::uint64_t seed() const { return seed_; }
+  std::uint64_t offset() const { return offset_; }
+  void set_rng(std::uint64_t seed, std::uint64_t offset) {
+    seed_ = seed;
+    offset_ = offset;
+  }
+
+ private:
+  std::uint64_t seed_ = 0, offset_ = 0;
+  bool training_ = true;
 };
 
-// nanoGPT's CausalSelfAttention: the QKV projection, fused attention, the output projection.
-template <index_t D, index_t Heads, class T = float, class Space = host>
-using CausalSelfAttention = Sequential<Named<"c_attn", Linear<D, 3 * D, true, T, Space>>, CausalAttention<Heads>,
-                                       Named<"c_proj", Linear<D, D, true, T, Space>>>;
+// nanoGPT's CausalSelfAttention: the QKV projection, fused attention, the output projection, and
+// with dropout P, attention dropout and the residual branch's (nanoGPT's resid_dropout).
+template <index_t D, index_t Heads, double P = 0.0, class T = float, class Space = host>
+using CausalSelfAttention = std::conditional_t<
+    P == 0.0,
+    Sequential<Named<"c_attn", Linear<D, 3 * D, true, T, Space>>, CausalAttention<Heads>,
+               Named<"c_proj", Linear<D, D, true, T, Space>>>,
+    Sequential<Named<"c_attn", Linear<D, 3 * D, true, T, Space>>, CausalAttention<Heads, P>,
+               Named<"c_proj", Linear<D, D, true, T, Space>>, Dropout<P>>>;
 
 }  // namespace kiln::nn

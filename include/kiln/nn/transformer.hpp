@@ -3,7 +3,7 @@
 //   x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))       mlp = c_proj(gelu_tanh(c_fc(x))), 4D wide
 //
 // Its parts are nanoGPT's Block, named as its state_dict names them (ln_1, attn.c_attn, attn.c_proj,
-// ln_2, mlp.c_fc, mlp.c_proj); c_fc's GELU runs in its GEMM's epilogue (Sequential fuses a Linear
+// ln_2, mlp.c_fc, mlp.c_proj), with nanoGPT's dropout P where it has it (none at P = 0); c_fc's GELU runs in its GEMM's epilogue (Sequential fuses a Linear
 // and the activation after it), and each residual add is ONE kernel each way. The block shows its
 // parts as a Sequential does (size(), layer<I>()), so the layer walkers — state-dict names, train /
 // eval, summaries — visit them; its forward is its own, the two residual adds.
@@ -16,6 +16,7 @@
 #include "kiln/expr/elementwise.hpp"
 #include "kiln/nn/activation.hpp"
 #include "kiln/nn/attention.hpp"
+#include "kiln/nn/dropout.hpp"
 #include "kiln/nn/layernorm.hpp"
 #include "kiln/nn/linear.hpp"
 #include "kiln/nn/named.hpp"
@@ -23,17 +24,21 @@
 
 namespace kiln::nn {
 
-// GPT-2's MLP: D -> 4D (GELU, tanh form, in the GEMM's epilogue) -> D.
-template <index_t D, class T = float, class Space = host>
-using TransformerMlp = Sequential<Named<"c_fc", Linear<D, 4 * D, true, T, Space>>, GELUTanh,
-                                  Named<"c_proj", Linear<4 * D, D, true, T, Space>>>;
+// GPT-2's MLP: D -> 4D (GELU, tanh form, in the GEMM's epilogue) -> D, then dropout P (none at 0).
+template <index_t D, double P = 0.0, class T = float, class Space = host>
+using TransformerMlp = std::conditional_t<
+    P == 0.0,
+    Sequential<Named<"c_fc", Linear<D, 4 * D, true, T, Space>>, GELUTanh, Named<"c_proj", Linear<4 * D, D, true, T, Space>>>,
+    Sequential<Named<"c_fc", Linear<D, 4 * D, true, T, Space>>, GELUTanh, Named<"c_proj", Linear<4 * D, D, true, T, Space>>,
+               Dropout<P>>>;
 
-template <index_t D, index_t Heads, class T = float, class Space = host>
+// P: nanoGPT's dropout — on the attention probabilities and at the end of both residual branches.
+template <index_t D, index_t Heads, double P = 0.0, class T = float, class Space = host>
 class TransformerBlock {
   static_assert(D > 0 && Heads > 0 && D % Heads == 0,
                 "kiln::nn::TransformerBlock<D, Heads>: D must be a positive multiple of Heads");
-  using Parts = Sequential<Named<"ln_1", LayerNorm<D, T, Space>>, Named<"attn", CausalSelfAttention<D, Heads, T, Space>>,
-                           Named<"ln_2", LayerNorm<D, T, Space>>, Named<"mlp", TransformerMlp<D, T, Space>>>;
+  using Parts = Sequential<Named<"ln_1", LayerNorm<D, T, Space>>, Named<"attn", CausalSelfAttention<D, Heads, P, T, Space>>,
+                           Named<"ln_2", LayerNorm<D, T, Space>>, Named<"mlp", TransformerMlp<D, P, T, Space>>>;
 
  public:
   static constexpr index_t width = D;
@@ -41,7 +46,7 @@ class TransformerBlock {
   using value_type = T;
   using space = Space;
   template <class S>
-  using on = TransformerBlock<D, Heads, T, S>;
+  using on = TransformerBlock<D, Heads, P, T, S>;
   // sequence<MaxT, D> in and out (a wrong width is layer_accepts' static_assert at ln_1).
   template <class In>
   using output_sample = output_sample_t<Parts, In>;

@@ -10,6 +10,8 @@
 //   backward — FlashAttention-2's scheme: Δ_i = dO_i·O_i, then per key tile the probabilities are
 //     recomputed from the saved log-sum-exp, P = exp(S − lse), and
 //       dV_j += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − Δ),  dQ += dS K·scale,  dK_j += dSᵀ Q·scale.
+// With dropout on the probabilities the mask is drawn, not stored: a counter per (pair, query,
+// key) of a Philox stream, drawn again by the backward (FlashAttention's way; no T×T mask either).
 // Work items are (sample, head) pairs, each summed in one fixed order by one thread: results are
 // the same bits at any thread count. Memory is O(tile) per thread plus dQ's T × hd rows.
 // Inner loops run over a key tile transposed to [hd][keys] or over hd contiguous features, so the
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "kiln/config.hpp"
+#include "kiln/core/random.hpp"
 #include "kiln/expr/vmath_float.hpp"
 
 namespace kiln::cpu {
@@ -32,8 +35,15 @@ namespace kiln::cpu {
 struct AttentionDims {
   index_t batch = 0, length = 0, heads = 0, head_dim = 0;
   double scale = 0;  // usually 1 / sqrt(head_dim)
+  // Dropout on the probabilities (nanoGPT's attn_dropout): probability p of (pair, query i, key
+  // j) is kept when uniform01(seed, offset + (pair * T + i) * T + j) >= dropout and scaled by
+  // 1 / (1 - dropout) — the same test as nn::Dropout's, so a GPU can draw the same mask.
+  float dropout = 0;
+  std::uint64_t seed = 0, offset = 0;
   index_t width() const { return heads * head_dim; }
   index_t pairs() const { return batch * heads; }
+  // What the mask draws: one counter per (pair, query, key).
+  std::uint64_t mask_counters() const { return std::uint64_t(pairs() * length * length); }
 };
 
 inline constexpr index_t attention_tile_keys = 64;
@@ -50,6 +60,14 @@ inline T attention_exp(T x) {
 
 // The head width: HD when the kernel was compiled for it (the common 16, 32, 64, 128: the feature
 // loops then have fixed trip counts and stay in vector registers), else the run-time value.
+// The dropout factor of probability (query i, key j0 + c) for c < n: 1 / (1 - p) kept, 0 dropped.
+template <class T>
+void dropout_factors(const AttentionDims& dims, index_t pair, index_t i, index_t j0, index_t n, T* z) {
+  const T keep = T(1) / (T(1) - T(dims.dropout));
+  const std::uint64_t base = dims.offset + std::uint64_t((pair * dims.length + i) * dims.length + j0);
+  for (index_t c = 0; c < n; ++c) z[c] = uniform01(dims.seed, base + std::uint64_t(c)) >= dims.dropout ? keep : T(0);
+}
+
 template <index_t HD>
 struct HeadWidth {
   index_t runtime;
@@ -80,15 +98,16 @@ void tile_scores(const T* KILN_RESTRICT q, const T* KILN_RESTRICT kt, index_t n,
   for (index_t c = 0; c < n; ++c) s[c] *= scale;
 }
 
-template <class T, index_t HD>
+template <class T, index_t HD, bool Drop>
 void attention_forward_pairs(const T* qkv, T* out, T* lse, const AttentionDims& dims, index_t begin, index_t end) {
   const HeadWidth<HD> hw{dims.head_dim};
   const index_t T_ = dims.length, H = dims.heads, hd = hw(), W = dims.width(), row = 3 * W;
   const T scale = T(dims.scale);
   constexpr index_t Bc = attention_tile_keys;
-  std::vector<T> kt(static_cast<std::size_t>(hd * Bc)), sv(static_cast<std::size_t>(Bc));
+  std::vector<T> kt(static_cast<std::size_t>(hd * Bc)), sv(static_cast<std::size_t>(Bc)), zv(static_cast<std::size_t>(Bc));
   std::vector<T> acc(static_cast<std::size_t>(T_ * hd)), m(static_cast<std::size_t>(T_)), l(static_cast<std::size_t>(T_));
   T* KILN_RESTRICT s = sv.data();
+  T* KILN_RESTRICT z = zv.data();
   for (index_t p = begin; p < end; ++p) {
     const index_t b = p / H, h = p % H;
     const T* q_base = qkv + b * T_ * row + h * hd;
@@ -111,8 +130,12 @@ void attention_forward_pairs(const T* qkv, T* out, T* lse, const AttentionDims& 
         T sum = T(0);
         for (index_t c = 0; c < cn; ++c) s[c] = attention_exp(s[c] - m_new);
         for (index_t c = 0; c < cn; ++c) sum += s[c];
-        l[std::size_t(i)] = l[std::size_t(i)] * alpha + sum;
+        l[std::size_t(i)] = l[std::size_t(i)] * alpha + sum;  // the normaliser: every probability
         m[std::size_t(i)] = m_new;
+        if constexpr (Drop) {  // the output: only the kept ones, scaled
+          dropout_factors(dims, p, i, j0, cn, z);
+          for (index_t c = 0; c < cn; ++c) s[c] *= z[c];
+        }
         T* KILN_RESTRICT a = acc.data() + i * hd;
         if (j0 > 0)
           for (index_t d = 0; d < hd; ++d) a[d] *= alpha;
@@ -135,7 +158,7 @@ void attention_forward_pairs(const T* qkv, T* out, T* lse, const AttentionDims& 
   }
 }
 
-template <class T, index_t HD>
+template <class T, index_t HD, bool Drop>
 void attention_backward_pairs(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv, bool add,
                               const AttentionDims& dims, index_t begin, index_t end) {
   const HeadWidth<HD> hw{dims.head_dim};
@@ -144,11 +167,14 @@ void attention_backward_pairs(const T* qkv, const T* out, const T* dout, const T
   constexpr index_t Bc = attention_tile_keys;
   std::vector<T> kt(static_cast<std::size_t>(hd * Bc)), vt(static_cast<std::size_t>(hd * Bc));
   std::vector<T> sv(static_cast<std::size_t>(Bc)), dpv(static_cast<std::size_t>(Bc)), dsv(static_cast<std::size_t>(Bc));
+  std::vector<T> zv(static_cast<std::size_t>(Bc)), pzv(static_cast<std::size_t>(Bc));
   std::vector<T> dk(static_cast<std::size_t>(Bc * hd)), dv(static_cast<std::size_t>(Bc * hd));
   std::vector<T> dq(static_cast<std::size_t>(T_ * hd)), delta(static_cast<std::size_t>(T_));
   T* KILN_RESTRICT s = sv.data();
   T* KILN_RESTRICT dp = dpv.data();
   T* KILN_RESTRICT ds = dsv.data();
+  T* KILN_RESTRICT z = zv.data();
+  T* KILN_RESTRICT pz = pzv.data();  // the probabilities as the output used them (dropped, scaled)
   for (index_t p = begin; p < end; ++p) {
     const index_t b = p / H, h = p % H;
     const T* q_base = qkv + b * T_ * row + h * hd;
@@ -186,10 +212,17 @@ void attention_backward_pairs(const T* qkv, const T* out, const T* dout, const T
           for (index_t c = 0; c < cn; ++c) dp[c] += gf * v[c];
         }
         const T di = delta[std::size_t(i)];
+        if constexpr (Drop) {  // dP of the kept, scaled probabilities; Δ = dO·O already has the mask in O
+          dropout_factors(dims, p, i, j0, cn, z);
+          for (index_t c = 0; c < cn; ++c) {
+            pz[c] = s[c] * z[c];
+            dp[c] *= z[c];
+          }
+        }
         for (index_t c = 0; c < cn; ++c) ds[c] = s[c] * (dp[c] - di) * scale;
         T* KILN_RESTRICT dqi = dq.data() + i * hd;
         for (index_t c = 0; c < cn; ++c) {
-          const T pc = s[c], dsc = ds[c];
+          const T pc = Drop ? pz[c] : s[c], dsc = ds[c];
           T* KILN_RESTRICT dvc = dv.data() + c * hd;
           T* KILN_RESTRICT dkc = dk.data() + c * hd;
           const T* KILN_RESTRICT k = k_base + (j0 + c) * row;
@@ -243,7 +276,8 @@ void with_head_width(index_t hd, F&& f) {
 template <class T>
 void causal_attention_forward(const T* qkv, T* out, T* lse, const AttentionDims& dims, index_t begin, index_t end) {
   detail::with_head_width(dims.head_dim, [&](auto hd) {
-    detail::attention_forward_pairs<T, decltype(hd)::value>(qkv, out, lse, dims, begin, end);
+    if (dims.dropout > 0) detail::attention_forward_pairs<T, decltype(hd)::value, true>(qkv, out, lse, dims, begin, end);
+    else detail::attention_forward_pairs<T, decltype(hd)::value, false>(qkv, out, lse, dims, begin, end);
   });
 }
 
@@ -252,7 +286,10 @@ template <class T>
 void causal_attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv, bool add,
                                const AttentionDims& dims, index_t begin, index_t end) {
   detail::with_head_width(dims.head_dim, [&](auto hd) {
-    detail::attention_backward_pairs<T, decltype(hd)::value>(qkv, out, dout, lse, dqkv, add, dims, begin, end);
+    if (dims.dropout > 0)
+      detail::attention_backward_pairs<T, decltype(hd)::value, true>(qkv, out, dout, lse, dqkv, add, dims, begin, end);
+    else
+      detail::attention_backward_pairs<T, decltype(hd)::value, false>(qkv, out, dout, lse, dqkv, add, dims, begin, end);
   });
 }
 
