@@ -81,10 +81,10 @@ class TransformerBlock {
   void eval() { train(false); }
   bool training() const { return parts_.training(); }
 
-  // The parts' launches (each part's input needs a gradient: x is a trained layer's output) and
-  // the two residual adds, ONE kernel each way.
+  // The parts' launches, as a Sequential of them counts them, and the two residual adds, ONE
+  // kernel each way.
   static constexpr Launches launches(const LaunchContext& c) {
-    Launches l = part_launches(c);
+    Launches l = Parts::launches(c);
     l += Launches{2, c.input_grad ? 2 : 0};
     return l;
   }
@@ -93,20 +93,6 @@ class TransformerBlock {
   std::string describe() const { return "TransformerBlock<" + std::to_string(D) + ", " + std::to_string(Heads) + " heads>"; }
 
  private:
-  static constexpr Launches part_launches(LaunchContext c) {
-    // ln_1, attn: x's gradient as the block's; ln_2, mlp: always (their input is the block's sum).
-    Launches l{};
-    l += std::remove_cvref_t<decltype(std::declval<Parts&>().template layer<0>())>::launches(c);
-    using Attn = std::remove_cvref_t<decltype(std::declval<Parts&>().template layer<1>())>;
-    using Mlp = std::remove_cvref_t<decltype(std::declval<Parts&>().template layer<3>())>;
-    LaunchContext inner = c;
-    inner.input_grad = true;  // after ln_1's parameters
-    l += Attn::launches(inner);
-    l += std::remove_cvref_t<decltype(std::declval<Parts&>().template layer<2>())>::launches(inner);
-    l += Mlp::launches(inner);
-    return l;
-  }
-
   Parts parts_;
 };
 

@@ -65,7 +65,18 @@ template <class T>
 void dropout_factors(const AttentionDims& dims, index_t pair, index_t i, index_t j0, index_t n, T* z) {
   const T keep = T(1) / (T(1) - T(dims.dropout));
   const std::uint64_t base = dims.offset + std::uint64_t((pair * dims.length + i) * dims.length + j0);
-  for (index_t c = 0; c < n; ++c) z[c] = uniform01(dims.seed, base + std::uint64_t(c)) >= dims.dropout ? keep : T(0);
+  // uniform01(seed, counter) for each counter, from one Philox block per four (a block holds the
+  // words of four consecutive counters; uniform01 would compute it again for each of them).
+  PhiloxCounter block{};
+  std::uint64_t held = ~std::uint64_t(0);
+  for (index_t c = 0; c < n; ++c) {
+    const std::uint64_t counter = base + std::uint64_t(c);
+    if ((counter >> 2) != held) {
+      block = random_block(dims.seed, counter);
+      held = counter >> 2;
+    }
+    z[c] = kiln::detail::unit_float_open1(block.v[counter & 3]) >= dims.dropout ? keep : T(0);
+  }
 }
 
 template <index_t HD>
