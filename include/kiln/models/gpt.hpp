@@ -132,6 +132,19 @@ class GPT : public nn::Sequential<nn::Named<"transformer", GptTrunk<C, T, Space>
 
   void tie() { this->template layer<1>().tie(token_embedding().weight()); }
 
+  // draw(v) fills a host variable with item's new values: item itself on the host; on a device a
+  // host copy, drawn in the same order and then copied there (the same numbers as the host model).
+  template <class Item, class Draw>
+  static void redraw(Item& item, Draw&& draw) {
+    if constexpr (std::is_same_v<Space, host>) {
+      draw(item);
+    } else {
+      ag::Var<T, host, dyn> values(Tensor<T, host, dyn>(Shape{item.value().size()}), true);
+      draw(values);
+      nn::space_ops<Space>::copy_from_host(item.value().data(), values.value().data(), values.value().size());
+    }
+  }
+
   // GPT-2's initialisation, drawn in state-dict order (lm_head.weight is wte's table: skipped).
   void init(Generator& gen) {
     tie();
@@ -141,9 +154,9 @@ class GPT : public nn::Sequential<nn::Named<"transformer", GptTrunk<C, T, Space>
         if (kind != io::state_kind::parameter || name == "lm_head.weight") return;
         if (name.find(".ln_") != std::string::npos) return;  // LayerNorms: 1 and 0 already
         if (item.shape().rank >= 2)
-          nn::init::normal(item, gen, 0.0, name.ends_with("c_proj.weight") ? proj_std : 0.02);
+          redraw(item, [&](auto& v) { nn::init::normal(v, gen, 0.0, name.ends_with("c_proj.weight") ? proj_std : 0.02); });
         else
-          nn::init::constant(item, 0.0);
+          redraw(item, [](auto& v) { nn::init::constant(v, 0.0); });
       }
     });
   }

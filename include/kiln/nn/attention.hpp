@@ -9,8 +9,9 @@
 // scaled_dot_product_attention default. CausalSelfAttention is nanoGPT's module as a Sequential:
 // Named<"c_attn", Linear<D, 3D>> (bias on), the attention, Named<"c_proj", Linear<D, D>>, so its
 // state-dict names are nanoGPT's (attn.c_attn.weight, attn.c_proj.bias).
-// CPU only so far: the CUDA forms (cuDNN's fused attention for bf16 / fp16, a kernel of kiln's
-// own for fp32) are not written yet, and a CUDA executor is refused at compile time.
+// On kiln::cuda (include kiln/nn/cuda.cuh) the same op runs kiln's own kernels in fp32 / fp64
+// (kiln/backend/cuda/attention.cuh: ONE launch each way, the CPU's mask and log-sum-exp);
+// bf16 / fp16 attention (cuDNN's fused kernel) is not written yet and is refused at compile time.
 #pragma once
 
 #include <cmath>
@@ -51,6 +52,16 @@ struct attention_output<sequence<MaxT, W3>, Heads> {
 };
 }  // namespace detail
 
+// How a device space runs attention: forward(exec, dims, qkv, out, lse) and backward(exec, dims,
+// qkv, out, dout, lse, dqkv, accumulate), on the executor's stream. kiln/nn/cuda.cuh gives
+// kiln::cuda's (kiln/backend/cuda/attention.cuh); the CPU runs kiln/backend/cpu/attention.hpp directly.
+template <class Space>
+struct attention_backend {
+  static_assert(dependent_false<Space>,
+                "kiln::nn::causal_attention: no attention kernel for this memory space; for kiln::cuda include "
+                "kiln/nn/cuda.cuh");
+};
+
 // Dropout on the attention probabilities: p (0: none), and the Philox stream the mask comes from
 // (a call draws B * heads * T * T counters from `offset` on; CausalAttention advances it).
 struct AttentionDropout {
@@ -64,9 +75,8 @@ struct AttentionDropout {
 template <class Exec, class T, class S, index_t B, index_t L, index_t W3>
 auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, index_t heads,
                       AttentionDropout drop = {}) {
-  static_assert(std::is_same_v<S, host> && std::is_same_v<S, typename Exec::space>,
-                "kiln::nn::causal_attention: CPU only so far (the CUDA attention, cuDNN's fused kernel, is not "
-                "written yet)");
+  static_assert(std::is_same_v<S, typename Exec::space>,
+                "kiln::nn::causal_attention: the activations live in another memory space than the executor's");
   static_assert(std::is_floating_point_v<T>,
                 "kiln::nn::causal_attention: float or double activations (bf16 / fp16 attention is not written yet)");
   constexpr index_t D = W3 == dyn ? dyn : W3 / 3;
@@ -91,18 +101,26 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
   Exec& exec = tape.exec();
   // One work item per (sample, head); the flops of a pair, for the split across threads.
   const index_t pair_work = dims.length * dims.length * dims.head_dim;
-  const index_t grain = std::max<index_t>(1, Exec::grain / std::max<index_t>(pair_work, 1));
+  const index_t grain = [pair_work] {  // pairs per CPU task (a device launches them all at once)
+    if constexpr (std::is_same_v<S, host>) return std::max<index_t>(1, Exec::grain / std::max<index_t>(pair_work, 1));
+    else return index_t(1);
+  }();
   const std::size_t bytes = std::size_t(xs.size() + out.value().size()) * sizeof(T);
   {
     const T* X = qkv.value().data();
     T* Y = out.value().data();
     T* LSE = lse->data();
-    exec.launch("causal_attention", [&exec, X, Y, LSE, dims, grain, pair_work, bytes](std::string_view nm) {
-      exec.stats().count(kind::other, nm, dims.pairs() * pair_work, bytes);
-      exec.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
-        cpu::causal_attention_forward(X, Y, LSE, dims, b, e);
+    if constexpr (std::is_same_v<S, host>) {
+      exec.launch("causal_attention", [&exec, X, Y, LSE, dims, grain, pair_work, bytes](std::string_view nm) {
+        exec.stats().count(kind::other, nm, dims.pairs() * pair_work, bytes);
+        exec.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
+          cpu::causal_attention_forward(X, Y, LSE, dims, b, e);
+        });
       });
-    });
+    } else {
+      exec.stats().count(kind::other, "causal_attention", dims.pairs() * pair_work, bytes);
+      attention_backend<S>::forward(exec, dims, X, Y, LSE);
+    }
   }
   if (!qkv.requires_grad() || !tape.recording()) return out;
   out.set_requires_grad(true);
@@ -114,12 +132,18 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
     const T* Y = od.value.data();
     const T* G = od.grad.data();
     const T* LSE = lse->data();
-    ex.launch("causal_attention_backward", [&ex, X, Y, G, LSE, dX, add, dims, grain, pair_work, bytes](std::string_view nm) {
-      ex.stats().count(kind::other, nm, 2 * dims.pairs() * pair_work, 2 * bytes);
-      ex.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
-        cpu::causal_attention_backward(X, Y, G, LSE, dX, add, dims, b, e);
+    if constexpr (std::is_same_v<S, host>) {
+      ex.launch("causal_attention_backward", [&ex, X, Y, G, LSE, dX, add, dims, grain, pair_work,
+                                              bytes](std::string_view nm) {
+        ex.stats().count(kind::other, nm, 2 * dims.pairs() * pair_work, 2 * bytes);
+        ex.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
+          cpu::causal_attention_backward(X, Y, G, LSE, dX, add, dims, b, e);
+        });
       });
-    });
+    } else {
+      ex.stats().count(kind::other, "causal_attention_backward", 2 * dims.pairs() * pair_work, 2 * bytes);
+      attention_backend<S>::backward(ex, dims, X, Y, G, LSE, dX, add);
+    }
     xd->grad_valid = true;
   });
   return out;

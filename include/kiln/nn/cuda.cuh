@@ -1,8 +1,9 @@
 // kiln/nn/cuda.cuh — the nn layers on kiln::cuda: include from an nvcc translation unit to use
 // Linear<..., kiln::cuda>, LayerNorm<..., kiln::cuda>, the convnet layers and
 // Sequential<...>::on<kiln::cuda> (it includes every nn header whose ops run on the CUDA executor:
-// activation, batchnorm, conv (cuDNN, when the build has it), dropout, layernorm, linear, loss,
-// pool, reshape, residual, sequential, softmax).
+// activation, attention (kiln's fp32 / fp64 kernels), batchnorm, conv (cuDNN, when the build has
+// it), dropout, embedding, layernorm, linear, loss, pool, reshape, residual, sequential, softmax,
+// transformer).
 //
 // It defines nn::space_ops<cuda> (declared in kiln/nn/module.hpp): parameters are initialised on
 // the host, as for the host layers, and copied to the device with kiln::to_device; gradient
@@ -22,14 +23,17 @@
 
 #include <utility>
 
+#include "kiln/backend/cuda/attention.cuh"
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/backend/cuda/cudnn_conv.cuh"
 #include "kiln/backend/cuda/executor.cuh"
 #include "kiln/backend/cuda/memory.cuh"
 #include "kiln/nn/activation.hpp"
+#include "kiln/nn/attention.hpp"
 #include "kiln/nn/batchnorm.hpp"
 #include "kiln/nn/conv.hpp"
 #include "kiln/nn/dropout.hpp"
+#include "kiln/nn/embedding.hpp"
 #include "kiln/nn/layernorm.hpp"
 #include "kiln/nn/linear.hpp"
 #include "kiln/nn/loss.hpp"
@@ -39,6 +43,7 @@
 #include "kiln/nn/residual.hpp"
 #include "kiln/nn/sequential.hpp"
 #include "kiln/nn/softmax.hpp"
+#include "kiln/nn/transformer.hpp"
 
 namespace kiln::nn {
 
@@ -56,6 +61,23 @@ struct space_ops<cuda> {
       KILN_CUDA_CHECK(cudaMemsetAsync(p, 0, std::size_t(n) * sizeof(T), cudaStream_t{}));
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
     }
+  }
+  template <class T>
+  static void copy_from_host(T* dst, const T* src, index_t n) {
+    if (n > 0) KILN_CUDA_CHECK(cudaMemcpy(dst, src, std::size_t(n) * sizeof(T), cudaMemcpyHostToDevice));
+  }
+};
+
+template <>
+struct attention_backend<cuda> {
+  template <class T>
+  static void forward(CudaExecutor& exec, const AttentionDims& d, const T* qkv, T* out, T* lse) {
+    cu::causal_attention_forward(d, qkv, out, lse, exec.stream());
+  }
+  template <class T>
+  static void backward(CudaExecutor& exec, const AttentionDims& d, const T* qkv, const T* out, const T* dout,
+                       const T* lse, T* dqkv, bool accumulate) {
+    cu::causal_attention_backward(d, qkv, out, dout, lse, dqkv, accumulate, exec.stream());
   }
 };
 

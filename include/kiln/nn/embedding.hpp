@@ -13,7 +13,12 @@
 // A tied head uses one parameter twice (GPT-2's lm_head): the Embedding owns and lists it, the head
 // holds a handle to the same variable and lists nothing, so the optimizer sees it once and its
 // gradient is the sum of both uses (the tape adds the head's GEMM to the scatter's rows).
-// CPU only so far (the kernels run on the host executor's threads).
+// On kiln::cuda (include kiln/nn/cuda.cuh) the same layers run one-thread-per-element kernels
+// through the executor's for_each_element. A kernel cannot report a bad id without a host wait
+// per step, so there, as a bad label in cross_entropy, a bad id makes its row NaN (and gives its
+// row no gradient) instead of reading outside the table; the CPU checks every id and throws.
+// The device scatter-add runs a thread per column over the rows in order (deterministic, D-wide:
+// fine for character vocabularies and batches of a few thousand rows, slow for GPT-2's 50257).
 #pragma once
 
 #include <cmath>
@@ -31,11 +36,85 @@
 namespace kiln::nn {
 
 namespace detail {
-template <class Space>
-constexpr void host_only_layer() {
-  static_assert(std::is_same_v<Space, host>,
-                "kiln::nn: Embedding, PositionEmbedding and TiedHead run on the CPU only so far");
+
+// A parameter drawn on the host by `draw` (in the host layer's order) and moved into Space.
+template <class T, class Space, index_t R, index_t C, class Draw>
+ag::Var<T, Space, R, C> drawn_table(Draw&& draw) {
+  ag::Var<T, host, R, C> w(Tensor<T, host, R, C>(Shape{R, C}), true);
+  draw(w);
+  return ag::Var<T, Space, R, C>(space_ops<Space>::from_host(std::move(w.value())), true);
 }
+
+// The device forms, a thread per element (the executor's for_each_element).
+// out row r = table row ids[r], or NaN when ids[r] is not an id; index[r] = the id, or -1.
+template <class T>
+struct EmbeddingGather {
+  const float* ids;
+  const T* table;
+  T* out;
+  std::int32_t* index;
+  index_t vocab, width;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
+    const float v = ids[r];
+    const bool ok = v >= 0.0f && v < float(vocab) && v == ::floorf(v);
+    out[r * width + c] = ok ? table[index_t(v) * width + c] : T(NAN);
+    if (c == 0) index[r] = ok ? std::int32_t(v) : -1;
+  }
+};
+// Column c of the table's gradient: (= 0, or kept when add) + the rows of each id, in row order.
+template <class T>
+struct EmbeddingScatterColumn {
+  const T* grad;
+  const std::int32_t* index;
+  T* dw;
+  index_t rows, vocab, width;
+  bool add;
+  KILN_HOST_DEVICE void operator()(index_t, index_t c) const {
+    if (!add)
+      for (index_t v = 0; v < vocab; ++v) dw[v * width + c] = T(0);
+    for (index_t r = 0; r < rows; ++r) {
+      const std::int32_t id = index[r];
+      if (id >= 0) dw[index_t(id) * width + c] += grad[r * width + c];
+    }
+  }
+};
+// y = x + table[row r's position], rows of `len` positions.
+template <class T>
+struct PositionAdd {
+  const T* x;
+  const T* table;
+  T* y;
+  index_t len, width;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
+    y[r * width + c] = x[r * width + c] + table[(r % len) * width + c];
+  }
+};
+// dx = g (or dx + g when add), element by element.
+template <class T>
+struct GradientPass {
+  const T* g;
+  T* dx;
+  index_t width;
+  bool add;
+  KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
+    const index_t i = r * width + c;
+    dx[i] = add ? dx[i] + g[i] : g[i];
+  }
+};
+// The position table's gradient at (t, c): the batch's rows at position t, summed in order.
+template <class T>
+struct PositionTableGradient {
+  const T* g;
+  T* dp;
+  index_t rows, len, width;
+  bool add;
+  KILN_HOST_DEVICE void operator()(index_t t, index_t c) const {
+    T s = add ? dp[t * width + c] : T(0);
+    if (t < len)
+      for (index_t b = 0; b < rows; ++b) s += g[(b * len + t) * width + c];
+    dp[t * width + c] = s;
+  }
+};
 
 template <index_t D, class In>
 struct embedded_sample {
@@ -80,10 +159,8 @@ class Embedding {
   using output_sample = typename detail::embedded_sample<D, In>::type;
 
   // N(0, 1), torch.nn.Embedding's default.
-  explicit Embedding(Generator& gen) : weight_(Tensor<T, Space, Vocab, D>(Shape{Vocab, D}), true) {
-    detail::host_only_layer<Space>();
-    init::normal(weight_, gen, 0.0, 1.0);
-  }
+  explicit Embedding(Generator& gen)
+      : weight_(detail::drawn_table<T, Space, Vocab, D>([&](auto& w) { init::normal(w, gen, 0.0, 1.0); })) {}
   explicit Embedding(std::uint64_t seed = 0) : Embedding(lvalue(Generator(seed))) {}
 
   // ids [B, L] (float values) -> [B, L, D].
@@ -98,23 +175,28 @@ class Embedding {
     T* Y = out.value().data();
     const T* Wt = weight_.value().data();
     Exec& exec = tape.exec();
-    exec.launch("embedding", [&exec, X, I, Y, Wt, n, len](std::string_view nm) {
-      exec.stats().count(kind::copy, nm, n * D, std::size_t(n) * (D * sizeof(T) * 2 + sizeof(float)));
-      for (index_t r = 0; r < n; ++r) {  // checked first, in order: the error names the first bad id
-        const float v = X[r];
-        KILN_CHECK(v >= 0.0f && v < float(Vocab) && v == std::floor(v), ValueError, "Embedding<", Vocab, ", ", D,
-                   ">: token id ", v, " at batch row ", r / len, ", position ", r % len,
-                   " is not an id of the vocabulary [0, ", Vocab, ")");
-        I[r] = std::int32_t(v);
-      }
-      exec.parallel_for(n, std::max<index_t>(1, Exec::grain / D), [&](index_t b, index_t e) {
-        for (index_t r = b; r < e; ++r) {
-          const T* src = Wt + index_t(I[r]) * D;
-          T* dst = Y + r * D;
-          for (index_t c = 0; c < D; ++c) dst[c] = src[c];
+    if constexpr (!std::is_same_v<Space, host>) {
+      exec.for_each_element(n, D, detail::EmbeddingGather<T>{X, Wt, Y, I, Vocab, D}, kind::copy, "embedding",
+                            std::size_t(n) * (D * sizeof(T) * 2 + sizeof(float)));
+    } else {
+      exec.launch("embedding", [&exec, X, I, Y, Wt, n, len](std::string_view nm) {
+        exec.stats().count(kind::copy, nm, n * D, std::size_t(n) * (D * sizeof(T) * 2 + sizeof(float)));
+        for (index_t r = 0; r < n; ++r) {  // checked first, in order: the error names the first bad id
+          const float v = X[r];
+          KILN_CHECK(v >= 0.0f && v < float(Vocab) && v == std::floor(v), ValueError, "Embedding<", Vocab, ", ", D,
+                     ">: token id ", v, " at batch row ", r / len, ", position ", r % len,
+                     " is not an id of the vocabulary [0, ", Vocab, ")");
+          I[r] = std::int32_t(v);
         }
+        exec.parallel_for(n, std::max<index_t>(1, Exec::grain / D), [&](index_t b, index_t e) {
+          for (index_t r = b; r < e; ++r) {
+            const T* src = Wt + index_t(I[r]) * D;
+            T* dst = Y + r * D;
+            for (index_t c = 0; c < D; ++c) dst[c] = src[c];
+          }
+        });
       });
-    });
+    }
     if (!weight_.requires_grad() || !tape.recording()) return out;
     out.set_requires_grad(true);
     tape.record(out, {weight_.data()}, [wd = weight_.data(), index, n](Exec& ex, auto& od) {
@@ -123,20 +205,26 @@ class Embedding {
       T* dW = wd->ensure_grad();
       const T* G = od.grad.data();
       const std::int32_t* I = index->data();
-      ex.launch("embedding_backward", [&ex, dW, G, I, n, add](std::string_view nm) {
-        ex.stats().count(kind::other, nm, n * D, std::size_t(n) * D * sizeof(T) * 2);
-        // Column slices: each thread owns some of the D columns of every row of dW.
-        ex.parallel_for(D, std::max<index_t>(1, D * Exec::grain / std::max<index_t>(n * D, 1)), [&](index_t b, index_t e) {
-          if (!add)
-            for (index_t v = 0; v < Vocab; ++v)
-              for (index_t c = b; c < e; ++c) dW[v * D + c] = T(0);
-          for (index_t r = 0; r < n; ++r) {
-            T* dst = dW + index_t(I[r]) * D;
-            const T* g = G + r * D;
-            for (index_t c = b; c < e; ++c) dst[c] += g[c];
-          }
+      if constexpr (!std::is_same_v<Space, host>) {
+        ex.for_each_element(1, D, detail::EmbeddingScatterColumn<T>{G, I, dW, n, Vocab, D, add}, kind::other,
+                            "embedding_backward", std::size_t(n) * D * sizeof(T) * 2);
+      } else {
+        ex.launch("embedding_backward", [&ex, dW, G, I, n, add](std::string_view nm) {
+          ex.stats().count(kind::other, nm, n * D, std::size_t(n) * D * sizeof(T) * 2);
+          // Column slices: each thread owns some of the D columns of every row of dW.
+          const index_t grain = std::max<index_t>(1, D * Exec::grain / std::max<index_t>(n * D, 1));
+          ex.parallel_for(D, grain, [&](index_t b, index_t e) {
+            if (!add)
+              for (index_t v = 0; v < Vocab; ++v)
+                for (index_t c = b; c < e; ++c) dW[v * D + c] = T(0);
+            for (index_t r = 0; r < n; ++r) {
+              T* dst = dW + index_t(I[r]) * D;
+              const T* g = G + r * D;
+              for (index_t c = b; c < e; ++c) dst[c] += g[c];
+            }
+          });
         });
-      });
+      }
       wd->grad_valid = true;
     });
     return out;
@@ -172,10 +260,8 @@ class PositionEmbedding {
   template <class In>
   using output_sample = typename detail::positioned_sample<MaxT, D, In>::type;
 
-  explicit PositionEmbedding(Generator& gen) : weight_(Tensor<T, Space, MaxT, D>(Shape{MaxT, D}), true) {
-    detail::host_only_layer<Space>();
-    init::normal(weight_, gen, 0.0, 1.0);
-  }
+  explicit PositionEmbedding(Generator& gen)
+      : weight_(detail::drawn_table<T, Space, MaxT, D>([&](auto& w) { init::normal(w, gen, 0.0, 1.0); })) {}
   explicit PositionEmbedding(std::uint64_t seed = 0) : PositionEmbedding(lvalue(Generator(seed))) {}
 
   // x [B, L, D] -> x + table[0:L]; throws ShapeError when L > MaxT.
@@ -192,17 +278,22 @@ class PositionEmbedding {
     T* Y = out.value().data();
     const index_t n = rows * len;
     Exec& exec = tape.exec();
-    exec.launch("position_embedding", [&exec, X, P, Y, n, len](std::string_view nm) {
-      exec.stats().count(kind::elementwise, nm, n * D, std::size_t(n) * D * sizeof(T) * 3);
-      exec.parallel_for(n, std::max<index_t>(1, Exec::grain / D), [&](index_t b, index_t e) {
-        for (index_t r = b; r < e; ++r) {
-          const T* xr = X + r * D;
-          const T* pr = P + (r % len) * D;
-          T* yr = Y + r * D;
-          for (index_t c = 0; c < D; ++c) yr[c] = xr[c] + pr[c];
-        }
+    if constexpr (!std::is_same_v<Space, host>) {
+      exec.for_each_element(n, D, detail::PositionAdd<T>{X, P, Y, len, D}, kind::elementwise, "position_embedding",
+                            std::size_t(n) * D * sizeof(T) * 3);
+    } else {
+      exec.launch("position_embedding", [&exec, X, P, Y, n, len](std::string_view nm) {
+        exec.stats().count(kind::elementwise, nm, n * D, std::size_t(n) * D * sizeof(T) * 3);
+        exec.parallel_for(n, std::max<index_t>(1, Exec::grain / D), [&](index_t b, index_t e) {
+          for (index_t r = b; r < e; ++r) {
+            const T* xr = X + r * D;
+            const T* pr = P + (r % len) * D;
+            T* yr = Y + r * D;
+            for (index_t c = 0; c < D; ++c) yr[c] = xr[c] + pr[c];
+          }
+        });
       });
-    });
+    }
     const bool dx = x.requires_grad(), dp = weight_.requires_grad();
     if (!(dx || dp) || !tape.recording()) return out;
     out.set_requires_grad(true);
@@ -213,32 +304,43 @@ class PositionEmbedding {
       if (xd->requires_grad) {  // the sum's gradient passes to x as it is
         const bool add = xd->grad_valid;
         T* dX = xd->ensure_grad();
-        ex.launch("position_embedding_input_backward", [&ex, dX, G, n, add](std::string_view nm) {
-          ex.stats().count(kind::copy, nm, n * D, std::size_t(n) * D * sizeof(T) * 2);
-          ex.parallel_for(n * D, Exec::grain, [&](index_t b, index_t e) {
-            for (index_t i = b; i < e; ++i) dX[i] = add ? dX[i] + G[i] : G[i];
+        if constexpr (!std::is_same_v<Space, host>) {
+          ex.for_each_element(n, D, detail::GradientPass<T>{G, dX, D, add}, kind::copy,
+                              "position_embedding_input_backward", std::size_t(n) * D * sizeof(T) * 2);
+        } else {
+          ex.launch("position_embedding_input_backward", [&ex, dX, G, n, add](std::string_view nm) {
+            ex.stats().count(kind::copy, nm, n * D, std::size_t(n) * D * sizeof(T) * 2);
+            ex.parallel_for(n * D, Exec::grain, [&](index_t b, index_t e) {
+              for (index_t i = b; i < e; ++i) dX[i] = add ? dX[i] + G[i] : G[i];
+            });
           });
-        });
+        }
         xd->grad_valid = true;
       }
       if (wd->requires_grad) {  // position t's row: the batch's rows at t, summed in order
         const bool add = wd->grad_valid;
         T* dP = wd->ensure_grad();
-        ex.launch("position_embedding_backward", [&ex, dP, G, rows, len, add](std::string_view nm) {
-          ex.stats().count(kind::reduce, nm, rows * len * D, std::size_t(rows * len) * D * sizeof(T));
-          ex.parallel_for(MaxT, std::max<index_t>(1, Exec::grain / std::max<index_t>(rows * D, 1)), [&](index_t b, index_t e) {
-            for (index_t t = b; t < e; ++t) {
-              T* dst = dP + t * D;
-              if (!add)
-                for (index_t c = 0; c < D; ++c) dst[c] = T(0);
-              if (t >= len) continue;
-              for (index_t r = 0; r < rows; ++r) {
-                const T* g = G + (r * len + t) * D;
-                for (index_t c = 0; c < D; ++c) dst[c] += g[c];
+        if constexpr (!std::is_same_v<Space, host>) {
+          ex.for_each_element(MaxT, D, detail::PositionTableGradient<T>{G, dP, rows, len, D, add}, kind::reduce,
+                              "position_embedding_backward", std::size_t(rows * len) * D * sizeof(T));
+        } else {
+          ex.launch("position_embedding_backward", [&ex, dP, G, rows, len, add](std::string_view nm) {
+            ex.stats().count(kind::reduce, nm, rows * len * D, std::size_t(rows * len) * D * sizeof(T));
+            const index_t grain = std::max<index_t>(1, Exec::grain / std::max<index_t>(rows * D, 1));
+            ex.parallel_for(MaxT, grain, [&](index_t b, index_t e) {
+              for (index_t t = b; t < e; ++t) {
+                T* dst = dP + t * D;
+                if (!add)
+                  for (index_t c = 0; c < D; ++c) dst[c] = T(0);
+                if (t >= len) continue;
+                for (index_t r = 0; r < rows; ++r) {
+                  const T* g = G + (r * len + t) * D;
+                  for (index_t c = 0; c < D; ++c) dst[c] += g[c];
+                }
               }
-            }
+            });
           });
-        });
+        }
         wd->grad_valid = true;
       }
     });

@@ -46,6 +46,11 @@ struct space_ops<host> {
   static void zero(T* p, index_t n) {
     std::fill(p, p + n, T(0));
   }
+  // n values drawn on the host into a parameter's storage (a model's own re-initialisation).
+  template <class T>
+  static void copy_from_host(T* dst, const T* src, index_t n) {
+    std::copy(src, src + n, dst);
+  }
 };
 
 // How a loss reduces its per-sample values: their mean (PyTorch's default) or their sum.

@@ -26,25 +26,14 @@
 #include <vector>
 
 #include "kiln/config.hpp"
+#include "kiln/core/attention_dims.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/expr/vmath_float.hpp"
 
 namespace kiln::cpu {
 
-// The sizes of one attention call. qkv's rows are 3 * width() apart, the output's width().
-struct AttentionDims {
-  index_t batch = 0, length = 0, heads = 0, head_dim = 0;
-  double scale = 0;  // usually 1 / sqrt(head_dim)
-  // Dropout on the probabilities (nanoGPT's attn_dropout): probability p of (pair, query i, key
-  // j) is kept when uniform01(seed, offset + (pair * T + i) * T + j) >= dropout and scaled by
-  // 1 / (1 - dropout) — the same test as nn::Dropout's, so a GPU can draw the same mask.
-  float dropout = 0;
-  std::uint64_t seed = 0, offset = 0;
-  index_t width() const { return heads * head_dim; }
-  index_t pairs() const { return batch * heads; }
-  // What the mask draws: one counter per (pair, query, key).
-  std::uint64_t mask_counters() const { return std::uint64_t(pairs() * length * length); }
-};
+// The sizes of one call (kiln/core/attention_dims.hpp: shared with the CUDA kernel).
+using AttentionDims = kiln::AttentionDims;
 
 inline constexpr index_t attention_tile_keys = 64;
 
@@ -64,7 +53,7 @@ inline T attention_exp(T x) {
 template <class T>
 void dropout_factors(const AttentionDims& dims, index_t pair, index_t i, index_t j0, index_t n, T* z) {
   const T keep = T(1) / (T(1) - T(dims.dropout));
-  const std::uint64_t base = dims.offset + std::uint64_t((pair * dims.length + i) * dims.length + j0);
+  const std::uint64_t base = dims.mask_counter(pair, i, j0);
   // uniform01(seed, counter) for each counter, from one Philox block per four (a block holds the
   // words of four consecutive counters; uniform01 would compute it again for each of them).
   PhiloxCounter block{};
