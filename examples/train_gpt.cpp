@@ -9,6 +9,10 @@
 //     [--warmup 100] [--weight-decay 0.1] [--clip 1.0] [--eval-every 250] [--eval-iters 20]
 //     [--sample 200] [--seed 0] [--threads 1] [--mode reduce_overhead|default]
 //
+// Where nvcc built it and a CUDA device exists it trains there (kiln's own attention kernels,
+// fp32; the gradient clipping without a host wait, so reduce_overhead captures the whole step as
+// one CUDA graph); else on the CPU with --threads threads. It says which.
+//
 // --mode reduce_overhead (the default, torch.compile's mode="reduce-overhead"): the step at its one
 // shape is captured once and replayed — no tape, no allocation — with the same results bit for bit
 // as --mode default, which runs every step through the tape.
@@ -31,6 +35,10 @@
 #include "kiln/models/gpt.hpp"
 #include "kiln/models/gpt_sample.hpp"
 #include "kiln/train.hpp"
+#if KILN_CUDA_COMPILER
+#include "kiln/optim/cuda_clip.cuh"
+#include "kiln/train.cuh"
+#endif
 
 #include "cli.hpp"
 
@@ -67,30 +75,68 @@ double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
+// Copies a host vector into memory of Space (on a device: ordered on the executor's stream; a
+// pageable source is consumed before the call returns, so it can be refilled at once).
+template <class Space, class V>
+void upload(typename V::value_type* dst, const V& src, executor_t<Space>& exec) {
+  if constexpr (std::is_same_v<Space, host>) {
+    (void)exec;
+    std::copy(src.begin(), src.end(), dst);
+  } else {
+#if KILN_CUDA_COMPILER
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(typename V::value_type),
+                                    cudaMemcpyHostToDevice, exec.stream()));
+#endif
+  }
+}
+
 // nanoGPT's estimate_loss for one split: the mean loss of `iters` random batches, in eval mode.
-double estimate_loss(Model& model, CpuExecutor& exec, const data::TokenWindows& windows, index_t batch, index_t iters,
+template <class M, class Exec>
+double estimate_loss(M& model, Exec& exec, const data::TokenWindows& windows, index_t batch, index_t iters,
                      Generator& gen) {
+  using S = typename Exec::space;
   nn::EvalScope evaluating(model);
-  ag::Tape<CpuExecutor> tape(exec);
+  ag::Tape<Exec> tape(exec);
   std::vector<float> x;
   std::vector<std::int32_t> y;
-  ag::Var<float, host, dyn, T> input(Tensor<float, host, dyn, T>(Shape{batch, T}));
+  ag::Var<float, S, dyn, T> input(Tensor<float, S, dyn, T>(Shape{batch, T}));
+  Tensor<std::int32_t, S, dyn> labels(Shape{batch * T});
   double sum = 0;
   for (index_t i = 0; i < iters; ++i) {
     windows.sample(batch, gen, x, y);
-    std::copy(x.begin(), x.end(), input.value().data());
-    sum += double(train::CrossEntropy{}(tape, model.forward(tape, input), y.data()).item());
+    upload<S>(input.value().data(), x, exec);
+    upload<S>(labels.data(), y, exec);
+    sum += double(train::CrossEntropy{}(tape, model.forward(tape, input), labels.data()).item());
   }
   return sum / double(iters);
 }
 
-void print_sample(Model& model, CpuExecutor& exec, const data::CharTokenizer& tok, index_t n, std::uint64_t seed) {
+// Samples on the CPU (the key/value cache is the host's): a device model's parameters are copied
+// into a host model first.
+template <class M>
+void print_sample(const M& model, const data::CharTokenizer& tok, index_t n, std::uint64_t seed) {
   if (n <= 0) return;
-  const auto ids = models::generate(model, exec, tok.encode("\n"), n, {.temperature = 1.0, .top_k = 200, .seed = seed});
+  Model host_model(seed);
+  if constexpr (std::is_same_v<typename M::space, host>) {
+    host_model = model;
+  } else {
+#if KILN_CUDA_COMPILER
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<const float*> from;
+    model.for_each_parameter([&](const auto& v) { from.push_back(v.value().data()); });
+    std::size_t k = 0;
+    host_model.for_each_parameter([&](const auto& v) {
+      KILN_CUDA_CHECK(cudaMemcpy(v.value().data(), from[k++], std::size_t(v.value().size()) * sizeof(float),
+                                 cudaMemcpyDeviceToHost));
+    });
+#endif
+  }
+  CpuExecutor exec(1);
+  const auto ids = models::generate(host_model, exec, tok.encode("\n"), n, {.temperature = 1.0, .top_k = 200, .seed = seed});
   std::printf("sample:\n%s\n---\n", tok.decode(ids).c_str());
 }
 
-template <class Policy>
+template <class Space, class Policy>
 int run(const Options& o) {
   const std::string path = o.data_dir + "/tinyshakespeare.txt.gz";
   const std::string text = data::read_text(path);
@@ -104,19 +150,32 @@ int run(const Options& o) {
               (long long)text.size(), (long long)tok.size(), (long long)train_windows.tokens(),
               (long long)val_windows.tokens());
 
-  CpuExecutor exec(o.threads);
-  Model model(o.seed);
+  auto exec = make_executor<Space>(o.threads);
+  typename Model::template on<Space> model(o.seed);
   optim::AdamW opt(model, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = o.weight_decay});
   train::StepOptions options;
-  if (o.clip > 0) options.after_backward = [&](index_t) { optim::clip_grad_norm(opt.table(), o.clip, exec); };
+  if (o.clip > 0) {
+    if constexpr (std::is_same_v<Space, host>) {
+      options.after_backward = [&](index_t) { optim::clip_grad_norm(opt.table(), o.clip, exec); };
+    } else {
+#if KILN_CUDA_COMPILER
+      options.after_backward = [&](index_t) { optim::cuda_clip_grad_norm_on_device(opt.device_table(), o.clip, exec); };
+#endif
+    }
+  }
   train::Step step(model, opt, exec, Policy{}, train::CrossEntropy{}, options);
   step.set_schedule(NanoGptLr{o.warmup, o.iters, o.lr, o.min_lr}, o.iters);
-  std::printf("model: %s\nstep: %s; %d thread%s\n", model.describe().c_str(), step.describe().c_str(), o.threads,
-              o.threads == 1 ? "" : "s");
+  constexpr bool on_host = std::is_same_v<Space, host>;
+  const std::string where =
+      on_host ? std::to_string(o.threads) + (o.threads == 1 ? " thread" : " threads") : std::string("the GPU");
+  std::printf("model: %s\nstep: %s; %s\n", model.describe().c_str(), step.describe().c_str(), where.c_str());
 
   Generator batches(o.seed), evals(o.seed + 1);
   std::vector<float> x;
   std::vector<std::int32_t> y;
+  // The step reads its batch from the model's space.
+  Tensor<float, Space, dyn> batch_x(Shape{o.batch * T});
+  Tensor<std::int32_t, Space, dyn> batch_y(Shape{o.batch * T});
   std::vector<double> iteration_ms;
   double val_loss = 0;
   for (index_t it = 0; it <= o.iters; ++it) {
@@ -133,19 +192,22 @@ int run(const Options& o) {
     if (it == o.iters - 1) step.record_next_step();
     train_windows.sample(o.batch, batches, x, y);
     const auto t0 = std::chrono::steady_clock::now();
-    step.run(x.data(), y.data(), o.batch, T);
+    upload<Space>(batch_x.data(), x, exec);
+    upload<Space>(batch_y.data(), y, exec);
+    step.run(batch_x.data(), batch_y.data(), o.batch, T);
+    if constexpr (!on_host) exec.synchronize();  // the iteration's time, not its launches'
     iteration_ms.push_back(ms_since(t0));
   }
   (void)step.take_losses(/*require_finite=*/true);
   std::printf("%s", step.mode_report().c_str());
-  print_sample(model, exec, tok, o.sample, o.seed);
+  print_sample(model, tok, o.sample, o.seed);
   std::sort(iteration_ms.begin(), iteration_ms.end());
   const auto rep = train::report(step);
-  std::printf("%sfinal val loss %.4f; median %.2f ms per iteration (batch %lld x %lld tokens, %d thread%s)\n"
+  std::printf("%sfinal val loss %.4f; median %.2f ms per iteration (batch %lld x %lld tokens, %s)\n"
               "%.1f kernels per training step (%lld predicted at compile time; the gradient clipping this program "
               "adds runs its norm and, when it clips, its scaling: 1 or 2 more)\n",
               rep.str().c_str(), val_loss, iteration_ms.empty() ? 0.0 : iteration_ms[iteration_ms.size() / 2],
-              (long long)o.batch, (long long)T, o.threads, o.threads == 1 ? "" : "s", rep.kernels_per_step,
+              (long long)o.batch, (long long)T, where.c_str(), rep.kernels_per_step,
               (long long)rep.predicted);
   return 0;
 }
@@ -176,9 +238,24 @@ int main(int argc, char** argv) try {
               "DIR/tinyshakespeare.txt.gz with nanoGPT's CPU settings; --clip 0 turns clipping off. --mode "
               "reduce_overhead (the default) captures the step once and replays it; default runs it through the tape.\n");
   KILN_CHECK(o.warmup <= o.iters, ValueError, "--warmup (", o.warmup, ") must not exceed --iters (", o.iters, ")");
-  if (o.mode == "reduce_overhead") return run<kiln::policy<kiln::mode::reduce_overhead>>(o);
-  KILN_CHECK(o.mode == "default", ValueError, "--mode must be reduce_overhead or default, got \"", o.mode, "\"");
-  return run<kiln::policy<>>(o);
+  KILN_CHECK(o.mode == "reduce_overhead" || o.mode == "default", ValueError,
+             "--mode must be reduce_overhead or default, got \"", o.mode, "\"");
+  auto train_on = [&]<class Space>() {
+    if (o.mode == "reduce_overhead") return run<Space, kiln::policy<kiln::mode::reduce_overhead>>(o);
+    return run<Space, kiln::policy<>>(o);
+  };
+#if KILN_CUDA_COMPILER
+  if (cu::device_available()) {
+    std::printf("device: CUDA (%s)\n", cu::device_name().c_str());
+    return train_on.template operator()<kiln::cuda>();
+  }
+  if (kiln::device_required()) return cu::report_no_device("train_gpt");  // KILN_REQUIRE_DEVICE
+  std::printf("device: CPU, %d thread%s (no CUDA device: %s)\n", o.threads, o.threads == 1 ? "" : "s",
+              cu::device_unavailable_reason().c_str());
+#else
+  KILN_CHECK(!kiln::device_required(), ValueError, "KILN_REQUIRE_DEVICE is set, but this build has no CUDA");
+#endif
+  return train_on.template operator()<kiln::host>();
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_gpt: %s\n", e.what());
   return 1;

@@ -1,7 +1,8 @@
 // The GPT's pieces on CudaExecutor against the CPU executor: causal attention (kiln's own CUDA
 // kernels, fp64 to rounding and fp32, with dropout's mask), the token and position embeddings
 // (and a bad id's NaN row), and a whole GPT's logits, loss and every gradient from the same seed,
-// with and without dropout.
+// with and without dropout; AdamW's group without weight decay (nanoGPT's rule) and the gradient
+// clipping a captured step can hold, on the device.
 //
 // Tolerances: in fp64 the two attention kernels sum in other orders (the device's online softmax
 // rescales per key, the CPU's per tile of 64), so they agree to rounding, 1e-12. In fp32 and
@@ -12,6 +13,8 @@
 #include <kiln/cuda.cuh>
 #include <kiln/models/gpt.hpp>
 #include <kiln/nn/cuda.cuh>
+#include <kiln/optim/cuda_clip.cuh>
+#include <kiln/optim/cuda_step.cuh>
 #include <kiln/train/loss.hpp>
 
 #include <cmath>
@@ -223,4 +226,67 @@ TEST_CASE("GPT on CudaExecutor: the CPU's logits, loss and every gradient from t
 
 TEST_CASE("GPT with dropout on CudaExecutor: the CPU's masks (embedding, attention, residual), so the same step") {
   compare_gpt<tiny_dropout>();
+}
+
+namespace {
+
+// Three AdamW steps (fused, or force_eager) of two parameters with fixed gradients, the second in
+// the group without weight decay when `groups`. Returns both parameters' values.
+template <class Exec>
+std::vector<double> adamw_groups(bool eager, bool groups) {
+  using S = typename Exec::space;
+  kiln::Tensor<float, host, dyn> p0(Shape{5}), g0(Shape{5});
+  const float pv[] = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f}, gv[] = {0.1f, -0.2f, 0.3f, 0.0f, -0.05f};
+  for (int i = 0; i < 5; ++i) {
+    p0.data()[i] = pv[i];
+    g0.data()[i] = gv[i];
+  }
+  auto p1 = to_space<S>(p0), g1 = to_space<S>(g0), p2 = to_space<S>(p0), g2 = to_space<S>(g0);
+  kiln::optim::ParamTable table;
+  table.add(p1.data(), g1.data(), 5);
+  const index_t second = table.add(p2.data(), g2.data(), 5);
+  if (groups) table.exclude_from_decay(second);
+  kiln::optim::AdamW<S> opt(table, {.lr = 0.1, .weight_decay = 0.5});
+  Exec exec;
+  for (int step = 0; step < 3; ++step) {
+    if (eager) opt.template step<kiln::stance::force_eager>(exec);
+    else opt.step(exec);
+  }
+  auto out = fetch(p1);
+  for (double v : fetch(p2)) out.push_back(v);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("AdamW on CudaExecutor: the group without weight decay, as the CPU's (fused and force_eager)") {
+  const auto ref = adamw_groups<Cpu>(false, true);
+  const auto plain = adamw_groups<Cpu>(false, false);
+  CHECK(ref[7] != plain[7]);  // the groups change the second parameter (the comparison can fail)
+  check_close(adamw_groups<Gpu>(false, true), ref, 1e-6, "fused");
+  check_close(adamw_groups<Gpu>(true, true), ref, 1e-6, "force_eager");
+}
+
+TEST_CASE("gradient clipping without a host wait: the gradients cuda_clip_grad_norm gives, clipping or not") {
+  kiln::Tensor<float, host, dyn> g0(Shape{3000});
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+  for (index_t i = 0; i < g0.size(); ++i) g0.data()[i] = u(rng);  // norm about 3.2
+  for (const double max_norm : {1.0, 100.0}) {
+    CAPTURE(max_norm);
+    auto p = kiln::to_device(g0), ga = kiln::to_device(g0), gb = kiln::to_device(g0);
+    kiln::optim::ParamTable ta, tb;
+    ta.add(p.data(), ga.data(), 1000);
+    ta.add(p.data() + 1000, ga.data() + 1000, 2000);
+    tb.add(p.data(), gb.data(), 1000);
+    tb.add(p.data() + 1000, gb.data() + 1000, 2000);
+    const kiln::optim::CudaParamTable da(ta), db(tb);
+    Gpu gpu;
+    const double norm = kiln::optim::cuda_clip_grad_norm(da, max_norm, gpu);
+    CHECK(norm > 2.0);
+    kiln::optim::cuda_clip_grad_norm_on_device(db, max_norm, gpu);
+    const auto a = fetch(ga), b = fetch(gb);
+    check_close(b, a, 1e-6, "clipped gradients");
+    CHECK((a[0] == fetch(kiln::to_device(g0))[0]) == (max_norm > norm));  // clipped only past max_norm
+  }
 }

@@ -96,6 +96,22 @@ struct ScaleGradOp {
   KILN_DEVICE void operator()(const CudaParamEntry& e, index_t i) const { e.grad[i] = e.grad[i] * c; }
 };
 
+// Scales every gradient by min(1, max_norm / (sqrt(*total) + 1e-6)), read on the device (NaN
+// stays NaN, as the host's clip scales by it).
+struct ScaleGradByNormOp {
+  const double* total;  // the sum of squares
+  double max_norm;
+  const SlotStep* slots;
+  float c = 1.0f;
+  KILN_DEVICE bool select(index_t slot, const CudaParamEntry&) {
+    if (slots != nullptr && !slots[slot].active) return false;
+    const double coef = max_norm / (::sqrt(*total) + 1e-6);
+    c = coef < 1.0 || coef != coef ? float(coef) : 1.0f;
+    return true;
+  }
+  KILN_DEVICE void operator()(const CudaParamEntry& e, index_t i) const { e.grad[i] = e.grad[i] * c; }
+};
+
 template <cu::kernels::NormKind K>
 void launch_grad_norm(const CudaParamTable& table, cudaStream_t stream, double p, const SlotStep* slots,
                       double* partial, double* out) {
@@ -161,6 +177,30 @@ inline double cuda_clip_grad_norm(const CudaParamTable& table, double max_norm, 
   detail::with_active_slots(table, exec.stream(),
                             [&](const SlotStep* slots) { table.apply(exec, detail::ScaleGradOp{float(coef), slots}); });
   return norm;
+}
+
+// cuda_clip_grad_norm (2-norm) without a host wait, so a captured step can hold it (mode
+// reduce_overhead's CUDA graph; torch's foreach clip_grad_norm_ works the same way): the norm stays
+// in device memory and the scaling pass always runs, with a factor of 1 when the norm is within
+// max_norm. The same gradients as cuda_clip_grad_norm. Launches: one reduction, one elementwise
+// pass (two, always).
+inline void cuda_clip_grad_norm_on_device(const CudaParamTable& table, double max_norm, CudaExecutor& exec) {
+  KILN_CHECK(max_norm >= 0.0, ValueError, "cuda_clip_grad_norm_on_device: max_norm must be >= 0, got ", max_norm);
+  const index_t work = size_with_gradient(table.table());
+  exec.stats().count(kind::reduce, "grad_norm", work, std::size_t(work) * sizeof(float));
+  exec.stats().count(kind::elementwise, "clip_grad_norm", work, std::size_t(work) * sizeof(float) * 2);
+  if (work == 0) return;
+  auto buf = exec.temps().take(std::size_t(table.chunk_count() + 1) * sizeof(double));
+  double* partial = static_cast<double*>(buf.get());
+  double* d_total = partial + table.chunk_count();
+  const cudaStream_t stream = exec.stream();
+  detail::with_active_slots(table, stream, [&](const SlotStep* slots) {
+    detail::launch_grad_norm<cu::kernels::NormKind::l2>(table, stream, 2.0, slots, partial, d_total);
+    KILN_CUDA_CHECK(cudaGetLastError());
+    table.apply(exec, detail::ScaleGradByNormOp{d_total, max_norm, slots});
+  });
+  // `buf` goes back to the pool still queued on this stream: its next user is on the same stream
+  // (the executor's temporaries), which orders it after these two kernels.
 }
 
 }  // namespace kiln::optim

@@ -111,9 +111,13 @@ struct AdamOp {
   unsigned* done;
   DeviceStep step;
   index_t h_t;  // the t h's bias corrections are for (0: none yet)
+  float weight_decay, decay;  // h's weight-decay terms for the group that decays
   KILN_DEVICE bool skipped() const { return step.skipped(); }
-  KILN_DEVICE bool select(index_t slot, const CudaParamEntry&) {
+  KILN_DEVICE bool select(index_t slot, const CudaParamEntry& e) {
     if (!step.active(slot)) return false;
+    // The group without weight decay: L2 term 0, decoupled factor 1 (as the host's AdamBase).
+    h.weight_decay = e.decays ? weight_decay : 0.0f;
+    h.decay = e.decays ? decay : 1.0f;
     const index_t tk = t[slot] + 1;
     if (tk != h_t) {
       set_adam_step(h, lr, beta1, beta2, tk);
@@ -364,10 +368,6 @@ class CudaAdamBase {
         done_(1),
         exp_avg_(table_.total_size()),
         exp_avg_sq_(table_.total_size()) {
-    for (index_t k = 0; k < table_.table().count(); ++k)
-      KILN_CHECK(table_.table()[k].decays || opt_.weight_decay == 0.0, ValueError, name, " on CUDA: parameter ", k,
-                 " is in a group without weight decay, which the device step does not apply yet; use weight_decay 0 "
-                 "or the CPU");
     const index_t n = table_.total_size();
     zero_device(exp_avg_.data(), n);
     zero_device(exp_avg_sq_.data(), n);
@@ -485,10 +485,10 @@ class CudaAdamBase {
       float* v = exp_avg_sq_.data();
       if (opt_.amsgrad)
         table_.apply(exec, AdamOp<Decoupled, true>{h, opt_.lr, opt_.beta1, opt_.beta2, m, v, max_exp_avg_sq_.data(),
-                                                   t_.data(), done_.data(), ds, 0});
+                                                   t_.data(), done_.data(), ds, 0, h.weight_decay, h.decay});
       else
         table_.apply(exec, AdamOp<Decoupled, false>{h, opt_.lr, opt_.beta1, opt_.beta2, m, v, nullptr, t_.data(),
-                                                    done_.data(), ds, 0});
+                                                    done_.data(), ds, 0, h.weight_decay, h.decay});
     };
     with_active_slots(table_, exec.stream(), launch);
   }
@@ -507,8 +507,16 @@ class CudaAdamBase {
       t_prev = t;
       const index_t off = table_.offset(k);
       float* vmax = opt_.amsgrad ? max_exp_avg_sq_.data() + off : nullptr;
+      // The group without weight decay takes the options with none.
+      Options o = opt_;
+      AdamParams hk = h;
+      if (!table_.table()[k].decays) {
+        o.weight_decay = 0.0;
+        hk.weight_decay = 0.0f;
+        hk.decay = 1.0f;
+      }
       adam_eager_tensor<Decoupled>(exec, table_.table()[k], exp_avg_.data() + off, exp_avg_sq_.data() + off, vmax,
-                                   static_cast<float*>(scratch.get()), opt_, h);
+                                   static_cast<float*>(scratch.get()), o, hk);
     }
     upload_state(t_.data(), slots_.counts(), exec.stream());
   }

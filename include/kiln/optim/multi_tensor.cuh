@@ -43,6 +43,7 @@ struct CudaParamEntry {
   index_t size;
   index_t offset;
   bool flagged;
+  bool decays;  // in the group with weight decay (ParamSlot::decays)
 };
 
 // What a kernel needs per parameter when the parameters differ: whether it has a gradient now.
@@ -137,7 +138,7 @@ class CudaParamTable {
     entries.reserve(std::size_t(table_.count()));
     for (index_t k = 0; k < table_.count(); ++k) {
       const ParamSlot& s = table_[k];
-      entries.push_back({s.value, s.grad, s.size, table_.offset(k), s.has_grad != nullptr});
+      entries.push_back({s.value, s.grad, s.size, table_.offset(k), s.has_grad != nullptr, s.decays});
       for (index_t b = 0; b < s.size; b += chunk_size) chunks.push_back({k, b});
     }
     entries_ = cu::DeviceBuffer<CudaParamEntry>(index_t(entries.size()));
