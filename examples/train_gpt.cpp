@@ -7,7 +7,10 @@
 //
 //   build/examples/train_gpt --data-dir data [--iters 2000] [--batch 12] [--lr 1e-3] [--min-lr 1e-4]
 //     [--warmup 100] [--weight-decay 0.1] [--clip 1.0] [--eval-every 250] [--eval-iters 20]
-//     [--sample 200] [--seed 0] [--threads 1] [--mode reduce_overhead|default]
+//     [--sample 200] [--seed 0] [--threads 1] [--mode reduce_overhead|default] [--precision fp32|bf16_mixed]
+//
+// --precision bf16_mixed (the CPU only so far): activations in bfloat16, float master weights,
+// statistics and softmax in float (the GEMMs through AVX512-BF16 where the CPU has it).
 //
 // Where nvcc built it and a CUDA device exists it trains there (kiln's own attention kernels,
 // fp32; the gradient clipping without a host wait, so reduce_overhead captures the whole step as
@@ -55,7 +58,7 @@ struct Options {
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, clip = 1.0;
   std::uint64_t seed = 0;
   int threads = 1;
-  std::string data_dir = "data", mode = "reduce_overhead";
+  std::string data_dir = "data", mode = "reduce_overhead", precision = "fp32";
 };
 
 // nanoGPT's get_lr: linear warmup (it + 1) / (warmup + 1), then a cosine from lr to min_lr at `total`.
@@ -231,17 +234,31 @@ int main(int argc, char** argv) try {
   flags.add("--threads", o.threads, kiln_example::positive);
   flags.add("--data-dir", o.data_dir);
   flags.add("--mode", o.mode);
+  flags.add("--precision", o.precision);
   flags.parse(argc, argv,
               "usage: train_gpt [--data-dir DIR] [--iters N] [--batch N] [--lr X] [--min-lr X] [--warmup N] "
-              "[--weight-decay X] [--clip X] [--eval-every N] [--eval-iters N] [--sample N] [--seed N] [--threads N] [--mode reduce_overhead|default]\n"
+              "[--weight-decay X] [--clip X] [--eval-every N] [--eval-iters N] [--sample N] [--seed N] [--threads N] "
+              "[--mode reduce_overhead|default] [--precision fp32|bf16_mixed]\n"
               "Trains nanoGPT's character-level baby GPT (4 layers, 4 heads, width 128, block 64) on "
               "DIR/tinyshakespeare.txt.gz with nanoGPT's CPU settings; --clip 0 turns clipping off. --mode "
               "reduce_overhead (the default) captures the step once and replays it; default runs it through the tape.\n");
   KILN_CHECK(o.warmup <= o.iters, ValueError, "--warmup (", o.warmup, ") must not exceed --iters (", o.iters, ")");
   KILN_CHECK(o.mode == "reduce_overhead" || o.mode == "default", ValueError,
              "--mode must be reduce_overhead or default, got \"", o.mode, "\"");
+  KILN_CHECK(o.precision == "fp32" || o.precision == "bf16_mixed", ValueError,
+             "--precision must be fp32 or bf16_mixed, got \"", o.precision, "\"");
+  const bool bf16 = o.precision == "bf16_mixed";
   auto train_on = [&]<class Space>() {
-    if (o.mode == "reduce_overhead") return run<Space, kiln::policy<kiln::mode::reduce_overhead>>(o);
+    using kiln::mode::reduce_overhead;
+    if constexpr (std::is_same_v<Space, kiln::host>) {  // bf16_mixed: the CPU's attention and embeddings only
+      using kiln::precision::bf16_mixed;
+      if (bf16 && o.mode == "reduce_overhead") return run<Space, kiln::policy<bf16_mixed, reduce_overhead>>(o);
+      if (bf16) return run<Space, kiln::policy<bf16_mixed>>(o);
+    } else {
+      KILN_CHECK(!bf16, ValueError, "--precision bf16_mixed runs on the CPU only so far (CUDA_VISIBLE_DEVICES= "
+                 "keeps this program there)");
+    }
+    if (o.mode == "reduce_overhead") return run<Space, kiln::policy<reduce_overhead>>(o);
     return run<Space, kiln::policy<>>(o);
   };
 #if KILN_CUDA_COMPILER

@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kiln/backend/cpu/attention.hpp"
 #include "kiln/core/random.hpp"
@@ -33,6 +34,24 @@
 namespace kiln::nn {
 
 namespace detail {
+// bf16 / f16 attention on the CPU runs the float kernels: the operands widened into float buffers
+// (a pass over them, split across the executor's threads), the result rounded once into T (added
+// to what dst holds when add, in float).
+template <class Exec, class T>
+std::vector<float> widened(Exec& exec, const T* src, index_t n) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  exec.parallel_for(n, Exec::grain, [&](index_t b, index_t e) {
+    for (index_t i = b; i < e; ++i) out[std::size_t(i)] = convert<float>(src[i]);
+  });
+  return out;
+}
+template <class Exec, class T>
+void narrow_into(Exec& exec, const float* src, T* dst, index_t n, bool add) {
+  exec.parallel_for(n, Exec::grain, [&](index_t b, index_t e) {
+    for (index_t i = b; i < e; ++i) dst[i] = convert<T>(add ? convert<float>(dst[i]) + src[i] : src[i]);
+  });
+}
+
 template <index_t W3, index_t Heads>
 constexpr index_t attention_width() {
   return W3 == dyn ? dyn : W3 / 3;
@@ -77,8 +96,11 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
                       AttentionDropout drop = {}) {
   static_assert(std::is_same_v<S, typename Exec::space>,
                 "kiln::nn::causal_attention: the activations live in another memory space than the executor's");
-  static_assert(std::is_floating_point_v<T>,
-                "kiln::nn::causal_attention: float or double activations (bf16 / fp16 attention is not written yet)");
+  constexpr bool half = kiln::detail::is_half_v<T>;
+  static_assert(std::is_floating_point_v<T> || (half && std::is_same_v<S, host>),
+                "kiln::nn::causal_attention: float or double activations on a device (bf16 / fp16 attention there "
+                "is cuDNN's, not written yet); the CPU also takes bf16 / fp16");
+  using C = compute_t<T>;  // the kernels' type: float for bf16 / fp16 (their values widened, the output rounded)
   constexpr index_t D = W3 == dyn ? dyn : W3 / 3;
   using V = ag::Var<T, S, B, L, D>;
   const Shape xs = qkv.shape();
@@ -97,7 +119,7 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
   dims.seed = drop.seed;
   dims.offset = drop.offset;
   V out{typename V::tensor_type(Shape{xs[0], xs[1], width3 / 3})};
-  auto lse = std::make_shared<Tensor<T, S, dyn>>(Shape{dims.pairs() * dims.length});
+  auto lse = std::make_shared<Tensor<C, S, dyn>>(Shape{dims.pairs() * dims.length});
   Exec& exec = tape.exec();
   // One work item per (sample, head); the flops of a pair, for the split across threads.
   const index_t pair_work = dims.length * dims.length * dims.head_dim;
@@ -109,8 +131,19 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
   {
     const T* X = qkv.value().data();
     T* Y = out.value().data();
-    T* LSE = lse->data();
-    if constexpr (std::is_same_v<S, host>) {
+    C* LSE = lse->data();
+    if constexpr (half) {
+      exec.launch("causal_attention", [&exec, X, Y, LSE, dims, grain, pair_work, bytes](std::string_view nm) {
+        exec.stats().count(kind::other, nm, dims.pairs() * pair_work, bytes);
+        const index_t rows = dims.batch * dims.length, w = dims.width();
+        const auto xf = detail::widened(exec, X, rows * 3 * w);
+        std::vector<float> yf(static_cast<std::size_t>(rows * w));
+        exec.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
+          cpu::causal_attention_forward(xf.data(), yf.data(), LSE, dims, b, e);
+        });
+        detail::narrow_into(exec, yf.data(), Y, rows * w, false);
+      });
+    } else if constexpr (std::is_same_v<S, host>) {
       exec.launch("causal_attention", [&exec, X, Y, LSE, dims, grain, pair_work, bytes](std::string_view nm) {
         exec.stats().count(kind::other, nm, dims.pairs() * pair_work, bytes);
         exec.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
@@ -131,8 +164,21 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
     const T* X = xd->value.data();
     const T* Y = od.value.data();
     const T* G = od.grad.data();
-    const T* LSE = lse->data();
-    if constexpr (std::is_same_v<S, host>) {
+    const C* LSE = lse->data();
+    if constexpr (half) {
+      ex.launch("causal_attention_backward", [&ex, X, Y, G, LSE, dX, add, dims, grain, pair_work,
+                                              bytes](std::string_view nm) {
+        ex.stats().count(kind::other, nm, 2 * dims.pairs() * pair_work, 2 * bytes);
+        const index_t rows = dims.batch * dims.length, w = dims.width();
+        const auto xf = detail::widened(ex, X, rows * 3 * w), yf = detail::widened(ex, Y, rows * w),
+                   gf = detail::widened(ex, G, rows * w);
+        std::vector<float> dxf(static_cast<std::size_t>(rows * 3 * w));
+        ex.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
+          cpu::causal_attention_backward(xf.data(), yf.data(), gf.data(), LSE, dxf.data(), false, dims, b, e);
+        });
+        detail::narrow_into(ex, dxf.data(), dX, rows * 3 * w, add);
+      });
+    } else if constexpr (std::is_same_v<S, host>) {
       ex.launch("causal_attention_backward", [&ex, X, Y, G, LSE, dX, add, dims, grain, pair_work,
                                               bytes](std::string_view nm) {
         ex.stats().count(kind::other, nm, 2 * dims.pairs() * pair_work, 2 * bytes);
@@ -188,6 +234,8 @@ class CausalAttention {
   }
   // ONE fused kernel each way (the dropout mask is drawn inside them).
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
+  // bf16 / f16 activations on the CPU (the kernels run in float; causal_attention).
+  static constexpr bool mixed_precision = true;
   static std::string describe() {
     return "CausalAttention<" + std::to_string(Heads) + " heads" + (P > 0.0 ? ", dropout>" : ">");
   }

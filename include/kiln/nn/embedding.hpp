@@ -163,26 +163,39 @@ class Embedding {
       : weight_(detail::drawn_table<T, Space, Vocab, D>([&](auto& w) { init::normal(w, gen, 0.0, 1.0); })) {}
   explicit Embedding(std::uint64_t seed = 0) : Embedding(lvalue(Generator(seed))) {}
 
-  // ids [B, L] (float values) -> [B, L, D].
-  template <class Exec, index_t B, index_t L>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<float, Space, B, L>& ids) const {
-    using V = ag::Var<T, Space, B, L, D>;
+  // ids [B, L] (float values) -> [B, L, D]. Under mixed precision the step's batch, and so the
+  // ids, are bf16 / f16 (exact for ids up to 256 / 2048): the rows are then that type too.
+  template <class Exec, class Id, index_t B, index_t L>
+    requires(std::is_same_v<Id, float> || std::is_same_v<Id, bf16> || std::is_same_v<Id, f16>)
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<Id, Space, B, L>& ids) const {
+    static_assert(!std::is_same_v<Id, bf16> || Vocab <= 256,
+                  "kiln::nn::Embedding<Vocab, D>: under bf16_mixed the batch's token ids travel as bfloat16, exact "
+                  "only up to 256; use fp16_mixed (2048) or fp32 for a larger vocabulary");
+    static_assert(!std::is_same_v<Id, f16> || Vocab <= 2048,
+                  "kiln::nn::Embedding<Vocab, D>: under fp16_mixed the batch's token ids travel as IEEE half, exact "
+                  "only up to 2048; use fp32 for a larger vocabulary");
+    static_assert(std::is_same_v<Space, host> || std::is_same_v<Id, float>,
+                  "kiln::nn::Embedding<Vocab, D>: on a device the ids are float (mixed precision there is not written "
+                  "yet)");
+    using O = std::conditional_t<std::is_same_v<Id, float>, T, Id>;  // the rows' type
+    using V = ag::Var<O, Space, B, L, D>;
     const index_t rows = ids.dim(0), len = ids.dim(1), n = rows * len;
     V out{typename V::tensor_type(Shape{rows, len, D})};
     auto index = std::make_shared<Tensor<std::int32_t, Space, dyn>>(Shape{n});
-    const float* X = ids.value().data();
-    std::int32_t* I = index->data();
-    T* Y = out.value().data();
+    const auto* X = ids.value().data();
+    std::int32_t* Ix = index->data();
+    O* Y = out.value().data();
     const T* Wt = weight_.value().data();
     Exec& exec = tape.exec();
     if constexpr (!std::is_same_v<Space, host>) {
-      exec.for_each_element(n, D, detail::EmbeddingGather<T>{X, Wt, Y, I, Vocab, D}, kind::copy, "embedding",
+      exec.for_each_element(n, D, detail::EmbeddingGather<T>{X, Wt, Y, Ix, Vocab, D}, kind::copy, "embedding",
                             std::size_t(n) * (D * sizeof(T) * 2 + sizeof(float)));
     } else {
-      exec.launch("embedding", [&exec, X, I, Y, Wt, n, len](std::string_view nm) {
+      exec.launch("embedding", [&exec, X, Ix, Y, Wt, n, len](std::string_view nm) {
         exec.stats().count(kind::copy, nm, n * D, std::size_t(n) * (D * sizeof(T) * 2 + sizeof(float)));
+        std::int32_t* I = Ix;
         for (index_t r = 0; r < n; ++r) {  // checked first, in order: the error names the first bad id
-          const float v = X[r];
+          const float v = convert<float>(X[r]);
           KILN_CHECK(v >= 0.0f && v < float(Vocab) && v == std::floor(v), ValueError, "Embedding<", Vocab, ", ", D,
                      ">: token id ", v, " at batch row ", r / len, ", position ", r % len,
                      " is not an id of the vocabulary [0, ", Vocab, ")");
@@ -191,8 +204,8 @@ class Embedding {
         exec.parallel_for(n, std::max<index_t>(1, Exec::grain / D), [&](index_t b, index_t e) {
           for (index_t r = b; r < e; ++r) {
             const T* src = Wt + index_t(I[r]) * D;
-            T* dst = Y + r * D;
-            for (index_t c = 0; c < D; ++c) dst[c] = src[c];
+            O* dst = Y + r * D;
+            for (index_t c = 0; c < D; ++c) dst[c] = convert<O>(src[c]);
           }
         });
       });
@@ -203,7 +216,7 @@ class Embedding {
       if (!od.grad_valid || !wd->requires_grad) return;
       const bool add = wd->grad_valid;
       T* dW = wd->ensure_grad();
-      const T* G = od.grad.data();
+      const O* G = od.grad.data();
       const std::int32_t* I = index->data();
       if constexpr (!std::is_same_v<Space, host>) {
         ex.for_each_element(1, D, detail::EmbeddingScatterColumn<T>{G, I, dW, n, Vocab, D, add}, kind::other,
@@ -219,8 +232,8 @@ class Embedding {
                 for (index_t c = b; c < e; ++c) dW[v * D + c] = T(0);
             for (index_t r = 0; r < n; ++r) {
               T* dst = dW + index_t(I[r]) * D;
-              const T* g = G + r * D;
-              for (index_t c = b; c < e; ++c) dst[c] += g[c];
+              const O* g = G + r * D;
+              for (index_t c = b; c < e; ++c) dst[c] += convert<T>(g[c]);
             }
           });
         });
@@ -232,6 +245,8 @@ class Embedding {
 
   // ONE gather forward, ONE scatter-add backward (none when frozen).
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.weight_grad ? 1 : 0}; }
+  // bf16 / f16 ids give rows of their type (train::Step's mixed precisions), on the CPU.
+  static constexpr bool mixed_precision = true;
   static constexpr index_t parameter_tensors = 1;
   static std::string describe() { return "Embedding<" + std::to_string(Vocab) + ", " + std::to_string(D) + ">"; }
 
@@ -264,32 +279,37 @@ class PositionEmbedding {
       : weight_(detail::drawn_table<T, Space, MaxT, D>([&](auto& w) { init::normal(w, gen, 0.0, 1.0); })) {}
   explicit PositionEmbedding(std::uint64_t seed = 0) : PositionEmbedding(lvalue(Generator(seed))) {}
 
-  // x [B, L, D] -> x + table[0:L]; throws ShapeError when L > MaxT.
-  template <class Exec, index_t B, index_t L, index_t W>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, L, W>& x) const {
-    using V = ag::Var<T, Space, B, L, W>;
+  // x [B, L, D] -> x + table[0:L]; throws ShapeError when L > MaxT. x is T, or bf16 / f16 under
+  // mixed precision (the sum in float, rounded once; the table and its gradient stay T).
+  template <class Exec, class X, index_t B, index_t L, index_t W>
+    requires(std::is_same_v<X, T> || std::is_same_v<X, bf16> || std::is_same_v<X, f16>)
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, L, W>& x) const {
+    static_assert(std::is_same_v<Space, host> || std::is_same_v<X, T>,
+                  "kiln::nn::PositionEmbedding: on a device the activations are the table's type (mixed precision "
+                  "there is not written yet)");
+    using V = ag::Var<X, Space, B, L, W>;
     const index_t rows = x.dim(0), len = x.dim(1);
     KILN_CHECK(x.dim(2) == D, ShapeError, describe(), ": the input has shape ", x.shape().str(), "; its width must be ", D);
     KILN_CHECK(len <= MaxT, ShapeError, describe(), ": the sequence has T = ", len,
                " positions, more than the model's maximum of ", MaxT);
     V out{typename V::tensor_type(x.shape())};
-    const T* X = x.value().data();
+    const X* Xs = x.value().data();
     const T* P = weight_.value().data();
-    T* Y = out.value().data();
+    X* Y = out.value().data();
     const index_t n = rows * len;
     Exec& exec = tape.exec();
     if constexpr (!std::is_same_v<Space, host>) {
-      exec.for_each_element(n, D, detail::PositionAdd<T>{X, P, Y, len, D}, kind::elementwise, "position_embedding",
+      exec.for_each_element(n, D, detail::PositionAdd<T>{Xs, P, Y, len, D}, kind::elementwise, "position_embedding",
                             std::size_t(n) * D * sizeof(T) * 3);
     } else {
-      exec.launch("position_embedding", [&exec, X, P, Y, n, len](std::string_view nm) {
+      exec.launch("position_embedding", [&exec, Xs, P, Y, n, len](std::string_view nm) {
         exec.stats().count(kind::elementwise, nm, n * D, std::size_t(n) * D * sizeof(T) * 3);
         exec.parallel_for(n, std::max<index_t>(1, Exec::grain / D), [&](index_t b, index_t e) {
           for (index_t r = b; r < e; ++r) {
-            const T* xr = X + r * D;
+            const X* xr = Xs + r * D;
             const T* pr = P + (r % len) * D;
-            T* yr = Y + r * D;
-            for (index_t c = 0; c < D; ++c) yr[c] = xr[c] + pr[c];
+            X* yr = Y + r * D;
+            for (index_t c = 0; c < D; ++c) yr[c] = convert<X>(convert<T>(xr[c]) + pr[c]);
           }
         });
       });
@@ -299,11 +319,11 @@ class PositionEmbedding {
     out.set_requires_grad(true);
     tape.record(out, {x.data(), weight_.data()}, [xd = x.data(), wd = weight_.data(), rows, len](Exec& ex, auto& od) {
       if (!od.grad_valid) return;
-      const T* G = od.grad.data();
+      const X* G = od.grad.data();
       const index_t n = rows * len;
       if (xd->requires_grad) {  // the sum's gradient passes to x as it is
         const bool add = xd->grad_valid;
-        T* dX = xd->ensure_grad();
+        X* dX = xd->ensure_grad();
         if constexpr (!std::is_same_v<Space, host>) {
           ex.for_each_element(n, D, detail::GradientPass<T>{G, dX, D, add}, kind::copy,
                               "position_embedding_input_backward", std::size_t(n) * D * sizeof(T) * 2);
@@ -311,7 +331,8 @@ class PositionEmbedding {
           ex.launch("position_embedding_input_backward", [&ex, dX, G, n, add](std::string_view nm) {
             ex.stats().count(kind::copy, nm, n * D, std::size_t(n) * D * sizeof(T) * 2);
             ex.parallel_for(n * D, Exec::grain, [&](index_t b, index_t e) {
-              for (index_t i = b; i < e; ++i) dX[i] = add ? dX[i] + G[i] : G[i];
+              for (index_t i = b; i < e; ++i)
+                dX[i] = add ? convert<X>(convert<float>(dX[i]) + convert<float>(G[i])) : G[i];
             });
           });
         }
@@ -334,8 +355,8 @@ class PositionEmbedding {
                   for (index_t c = 0; c < D; ++c) dst[c] = T(0);
                 if (t >= len) continue;
                 for (index_t r = 0; r < rows; ++r) {
-                  const T* g = G + (r * len + t) * D;
-                  for (index_t c = 0; c < D; ++c) dst[c] += g[c];
+                  const X* g = G + (r * len + t) * D;
+                  for (index_t c = 0; c < D; ++c) dst[c] += convert<T>(g[c]);
                 }
               }
             });
@@ -351,6 +372,7 @@ class PositionEmbedding {
   static constexpr Launches launches(const LaunchContext& c) {
     return {1, index_t(c.weight_grad) + index_t(c.input_grad)};
   }
+  static constexpr bool mixed_precision = true;  // bf16 / f16 activations, a float table (CPU)
   static constexpr index_t parameter_tensors = 1;
   static std::string describe() {
     return "PositionEmbedding<" + std::to_string(MaxT) + ", " + std::to_string(D) + ">";
@@ -389,11 +411,33 @@ class TiedHead {
   }
   bool tied() const { return tied_; }
 
-  template <class Exec, index_t B, index_t L, index_t W>
-  auto forward(ag::Tape<Exec>& tape, const ag::Var<T, Space, B, L, W>& x) const {
+  // x is T, or bf16 / f16 under mixed precision: the GEMM then reads the table's copy in x's type
+  // (refresh_low_copy, as Linear's), the logits are x's type, the table's gradient T.
+  template <class Exec, class X, index_t B, index_t L, index_t W>
+    requires(std::is_same_v<X, T> || std::is_same_v<X, bf16> || std::is_same_v<X, f16>)
+  auto forward(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, L, W>& x) const {
     KILN_CHECK(tied(), ValueError, describe(), ": no table to read; tie() it to the token embedding's weight");
-    return ag::linear(tape, x, weight_);
+    if constexpr (std::is_same_v<X, T>) {
+      return ag::linear(tape, x, weight_);
+    } else {
+      KILN_CHECK(low_slot<X>() != nullptr, ValueError, describe(), ": a ", kiln::name(dtype_of<X>),
+                 " input needs the table's ", kiln::name(dtype_of<X>), " copy; call refresh_low_copy (a train::Step does)");
+      return ag::linear(tape, x, weight_, low_slot<X>()->data());
+    }
   }
+
+  // Mixed precision: the table's values in L, rounded by ONE kernel (after every optimizer step).
+  template <class L, class Exec>
+  void refresh_low_copy(Exec& exec) const {
+    static_assert(std::is_same_v<L, bf16> || std::is_same_v<L, f16>, "kiln::nn::TiedHead: low copies are bf16 or f16");
+    KILN_CHECK(tied(), ValueError, describe(), ": no table to copy; tie() it to the token embedding's weight");
+    auto& slot = low_slot<L>();
+    if (!slot) slot = std::make_shared<Tensor<L, Space, Vocab, D>>(Shape{Vocab, D});
+    exec.for_each_element(1, Vocab * D, detail::RoundCopy<T, L>{weight_.value().data(), slot->data()}, kind::copy,
+                          "round_weight", std::size_t(Vocab * D) * (sizeof(T) + sizeof(L)));
+  }
+  static constexpr bool mixed_precision = true;
+  static constexpr index_t low_copies = 1;
 
   // ONE GEMM forward; backward the table's gradient GEMM (when it trains) and x's (when x needs one).
   static constexpr Launches launches(const LaunchContext& c) { return {1, 1 + index_t(c.input_grad)}; }
@@ -406,8 +450,17 @@ class TiedHead {
   const ag::Var<T, Space, Vocab, D>& weight() const { return weight_; }
 
  private:
+  template <class L>
+  auto& low_slot() const {
+    if constexpr (std::is_same_v<L, bf16>) return low_bf16_;
+    else return low_f16_;
+  }
+
   ag::Var<T, Space, Vocab, D> weight_;
   bool tied_ = false;
+  // The table in bf16 / f16 for mixed precision, created by the first refresh_low_copy.
+  mutable std::shared_ptr<Tensor<bf16, Space, Vocab, D>> low_bf16_;
+  mutable std::shared_ptr<Tensor<f16, Space, Vocab, D>> low_f16_;
 };
 
 }  // namespace kiln::nn

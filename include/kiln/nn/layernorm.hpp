@@ -30,115 +30,119 @@ namespace kiln::nn {
 namespace detail {
 
 // Row r: mean[r], rstd[r] and y's row. w and b are both null (weight 1, bias 0) or both set.
-template <class T>
+// X is the activations' type (x, y), T the parameters' and statistics' and the arithmetic's: the
+// same, or under mixed precision X = bf16 / f16 with float T (each element widened on reading,
+// rounded once on writing).
+template <class X, class T = X>
 struct LayerNormRows {
-  const T* x;
+  const X* x;
   const T* w;
   const T* b;
-  T* y;
+  X* y;
   T* mean;
   T* rstd;
   index_t cols;
   T eps;
   KILN_HOST_DEVICE void operator()(index_t r, index_t) const {
-    const T* xr = x + r * cols;
+    const X* xr = x + r * cols;
     T sum = 0;
-    for (index_t c = 0; c < cols; ++c) sum += xr[c];
+    for (index_t c = 0; c < cols; ++c) sum += convert<T>(xr[c]);
     const T mu = sum / T(cols);
     T var = 0;
-    for (index_t c = 0; c < cols; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+    for (index_t c = 0; c < cols; ++c) var += (convert<T>(xr[c]) - mu) * (convert<T>(xr[c]) - mu);
     const T rs = T(1) / math::sqrt(var / T(cols) + eps);
     mean[r] = mu;
     rstd[r] = rs;
-    T* yr = y + r * cols;
+    X* yr = y + r * cols;
     if (w) {
-      for (index_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
+      for (index_t c = 0; c < cols; ++c) yr[c] = convert<X>((convert<T>(xr[c]) - mu) * rs * w[c] + b[c]);
     } else {  // + 0 as with a zero bias: -0 becomes +0
-      for (index_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs + T(0);
+      for (index_t c = 0; c < cols; ++c) yr[c] = convert<X>((convert<T>(xr[c]) - mu) * rs + T(0));
     }
   }
   template <class Team>
   KILN_DEVICE void row(const Team& t, index_t r) const {
-    const T* xr = x + r * cols;
+    const X* xr = x + r * cols;
     T sum = 0;
-    for (index_t c = t.rank(); c < cols; c += t.size()) sum += xr[c];
+    for (index_t c = t.rank(); c < cols; c += t.size()) sum += convert<T>(xr[c]);
     const T mu = t.sum(sum) / T(cols);
     T var = 0;
-    for (index_t c = t.rank(); c < cols; c += t.size()) var += (xr[c] - mu) * (xr[c] - mu);
+    for (index_t c = t.rank(); c < cols; c += t.size()) var += (convert<T>(xr[c]) - mu) * (convert<T>(xr[c]) - mu);
     const T rs = T(1) / math::sqrt(t.sum(var) / T(cols) + eps);
     if (t.rank() == 0) {
       mean[r] = mu;
       rstd[r] = rs;
     }
-    T* yr = y + r * cols;
+    X* yr = y + r * cols;
     if (w) {
-      for (index_t c = t.rank(); c < cols; c += t.size()) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
+      for (index_t c = t.rank(); c < cols; c += t.size()) yr[c] = convert<X>((convert<T>(xr[c]) - mu) * rs * w[c] + b[c]);
     } else {
-      for (index_t c = t.rank(); c < cols; c += t.size()) yr[c] = (xr[c] - mu) * rs + T(0);
+      for (index_t c = t.rank(); c < cols; c += t.size()) yr[c] = convert<X>((convert<T>(xr[c]) - mu) * rs + T(0));
     }
   }
 };
 
-// dx's row r; w null means weight 1.
-template <class T>
+// dx's row r; w null means weight 1 (X and T as LayerNormRows').
+template <class X, class T = X>
 struct LayerNormBackwardRows {
-  T* dx;
-  const T* x;
+  X* dx;
+  const X* x;
   const T* w;
-  const T* g;
+  const X* g;
   const T* mean;
   const T* rstd;
   index_t cols;
   bool add;
+  KILN_HOST_DEVICE T gw_at(const X* gr, index_t c) const {
+    return w ? T(convert<T>(gr[c]) * w[c]) : convert<T>(gr[c]);
+  }
   KILN_HOST_DEVICE void operator()(index_t r, index_t) const {
-    const T* xr = x + r * cols;
-    const T* gr = g + r * cols;
+    const X* xr = x + r * cols;
+    const X* gr = g + r * cols;
     const T mu = mean[r], rs = rstd[r];
     T a = 0, b = 0;
     for (index_t c = 0; c < cols; ++c) {
-      const T gw = w ? T(gr[c] * w[c]) : gr[c];
+      const T gw = gw_at(gr, c);
       a += gw;
-      b += gw * (xr[c] - mu) * rs;
+      b += gw * (convert<T>(xr[c]) - mu) * rs;
     }
     a /= T(cols);
     b /= T(cols);
-    T* dr = dx + r * cols;
+    X* dr = dx + r * cols;
     for (index_t c = 0; c < cols; ++c) {
-      const T xhat = (xr[c] - mu) * rs;
-      const T gw = w ? T(gr[c] * w[c]) : gr[c];
-      put_grad(dr[c], T(rs * (gw - a - xhat * b)), add);
+      const T xhat = (convert<T>(xr[c]) - mu) * rs;
+      put_grad(dr[c], T(rs * (gw_at(gr, c) - a - xhat * b)), add);
     }
   }
   template <class Team>
   KILN_DEVICE void row(const Team& t, index_t r) const {
-    const T* xr = x + r * cols;
-    const T* gr = g + r * cols;
+    const X* xr = x + r * cols;
+    const X* gr = g + r * cols;
     const T mu = mean[r], rs = rstd[r];
     T a = 0, b = 0;
     for (index_t c = t.rank(); c < cols; c += t.size()) {
-      const T gw = w ? T(gr[c] * w[c]) : gr[c];
+      const T gw = gw_at(gr, c);
       a += gw;
-      b += gw * (xr[c] - mu) * rs;
+      b += gw * (convert<T>(xr[c]) - mu) * rs;
     }
     a = t.sum(a) / T(cols);
     b = t.sum(b) / T(cols);
-    T* dr = dx + r * cols;
+    X* dr = dx + r * cols;
     for (index_t c = t.rank(); c < cols; c += t.size()) {
-      const T xhat = (xr[c] - mu) * rs;
-      const T gw = w ? T(gr[c] * w[c]) : gr[c];
-      put_grad(dr[c], T(rs * (gw - a - xhat * b)), add);
+      const T xhat = (convert<T>(xr[c]) - mu) * rs;
+      put_grad(dr[c], T(rs * (gw_at(gr, c) - a - xhat * b)), add);
     }
   }
 };
 
 // Column c of dweight and dbias (either may be null), summed in row order on the CPU and in a
 // fixed tile order on CUDA: deterministic on every executor whatever its thread count.
-template <class T>
+template <class X, class T = X>
 struct LayerNormAffineBackward {
   T* gw;
   T* gb;
-  const T* x;
-  const T* g;
+  const X* x;
+  const X* g;
   const T* mean;
   const T* rstd;
   index_t rows, cols;
@@ -146,8 +150,8 @@ struct LayerNormAffineBackward {
   KILN_HOST_DEVICE void operator()(index_t, index_t c) const {
     T sw = 0, sb = 0;
     for (index_t r = 0; r < rows; ++r) {
-      const T gv = g[r * cols + c];
-      sw += gv * (x[r * cols + c] - mean[r]) * rstd[r];
+      const T gv = convert<T>(g[r * cols + c]);
+      sw += gv * (convert<T>(x[r * cols + c]) - mean[r]) * rstd[r];
       sb += gv;
     }
     if (gw) put_grad(gw[c], sw, add_w);
@@ -157,8 +161,8 @@ struct LayerNormAffineBackward {
   using sum_type = T;
   static constexpr int sums = 2;
   KILN_HOST_DEVICE void terms(index_t r, index_t c, T (&v)[2]) const {
-    const T gv = g[r * cols + c];
-    v[0] = gv * (x[r * cols + c] - mean[r]) * rstd[r];
+    const T gv = convert<T>(g[r * cols + c]);
+    v[0] = gv * (convert<T>(x[r * cols + c]) - mean[r]) * rstd[r];
     v[1] = gv;
   }
   KILN_HOST_DEVICE void finish(index_t c, const T (&s)[2]) const {
@@ -178,22 +182,25 @@ KILN_LAYER_NORM_KERNELS(extern, float)
 KILN_LAYER_NORM_KERNELS(extern, double)
 #endif
 
-template <class Exec, class T, class S, index_t... D, class WD, class BD>
-ag::Var<T, S, D...> layer_norm_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_ptr<WD> wd,
+// X: the activations' type; P: the parameters', statistics' and arithmetic's (float under mixed
+// precision, else X).
+template <class P, class Exec, class X, class S, index_t... D, class WD, class BD>
+ag::Var<X, S, D...> layer_norm_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::shared_ptr<WD> wd,
                                     std::shared_ptr<BD> bd, double eps) {
+  using T = P;
   static_assert(std::is_same_v<S, typename Exec::space>,
                 "kiln::nn::layer_norm: the input must live in the executor's memory space");
   KILN_CHECK(eps > 0.0, ValueError, "layer_norm: eps must be > 0, got ", eps);
-  using V = ag::Var<T, S, D...>;
+  using V = ag::Var<X, S, D...>;
   const Shape s = x.shape();
   const index_t rows = s.rows(), cols = s.cols();
   V out{typename V::tensor_type(s)};
   // mean[rows], then rstd[rows], kept for backward.
   auto stats = std::make_shared<Tensor<T, typename Exec::space, dyn>>(Shape{2 * rows});
   T* M = stats->data();
-  const std::size_t bytes = std::size_t(s.size()) * sizeof(T) * 2;
+  const std::size_t bytes = std::size_t(s.size()) * sizeof(X) * 2;
   launch_lines<false>(tape.exec(), rows, cols,
-                           LayerNormRows<T>{x.value().data(), wd ? wd->value.data() : nullptr,
+                           LayerNormRows<X, T>{x.value().data(), wd ? wd->value.data() : nullptr,
                                             bd ? bd->value.data() : nullptr, out.value().data(), M, M + rows, cols,
                                             T(eps)},
                            "layer_norm", bytes);
@@ -205,15 +212,15 @@ ag::Var<T, S, D...> layer_norm_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D.
   if (bd) inputs.push_back(bd);
   tape.record(out, std::move(inputs), [xd = x.data(), wd, bd, stats, rows, cols, bytes](Exec& exec, auto& od) {
     if (!od.grad_valid) return;
-    const T* X = xd->value.data();
-    const T* G = od.grad.data();
+    const X* Xs = xd->value.data();
+    const X* G = od.grad.data();
     const T* M = stats->data();
     const T* R = M + rows;
     if (xd->requires_grad) {
       const bool add = xd->grad_valid;
-      T* dx = xd->ensure_grad();
+      X* dx = xd->ensure_grad();
       launch_lines<false>(exec, rows, cols,
-                               LayerNormBackwardRows<T>{dx, X, wd ? wd->value.data() : nullptr, G, M, R, cols, add},
+                               LayerNormBackwardRows<X, T>{dx, Xs, wd ? wd->value.data() : nullptr, G, M, R, cols, add},
                                "layer_norm_backward", bytes * 2);
       xd->grad_valid = true;
     }
@@ -223,7 +230,7 @@ ag::Var<T, S, D...> layer_norm_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D.
       T* gw = dw ? wd->ensure_grad() : nullptr;
       T* gb = db ? bd->ensure_grad() : nullptr;
       launch_lines<true>(exec, cols, rows,
-                              LayerNormAffineBackward<T>{gw, gb, X, G, M, R, rows, cols, add_w, add_b},
+                              LayerNormAffineBackward<X, T>{gw, gb, Xs, G, M, R, rows, cols, add_w, add_b},
                               "layer_norm_backward_affine", bytes);
       if (dw) wd->grad_valid = true;
       if (db) bd->grad_valid = true;
@@ -235,23 +242,27 @@ ag::Var<T, S, D...> layer_norm_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D.
 }  // namespace detail
 
 // x [..., N] normalised per row, scaled by weight [N] and shifted by bias [N] (any ranks whose
-// sizes are N). Gradients flow to each of x, weight and bias that requires one.
-template <class Exec, class T, class S, index_t... D, index_t... W, index_t... Bd>
-ag::Var<T, S, D...> layer_norm(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, const ag::Var<T, S, W...>& weight,
+// sizes are N). Gradients flow to each of x, weight and bias that requires one. Under mixed
+// precision x (and so y and x's gradient) is bf16 / f16 while weight and bias stay float: the
+// statistics and the arithmetic are float.
+template <class Exec, class X, class T, class S, index_t... D, index_t... W, index_t... Bd>
+  requires(std::is_same_v<X, T> || std::is_same_v<X, bf16> || std::is_same_v<X, f16>)
+ag::Var<X, S, D...> layer_norm(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, const ag::Var<T, S, W...>& weight,
                                const ag::Var<T, S, Bd...>& bias, double eps = 1e-5) {
   const Shape s = x.shape();
   const index_t cols = s.cols();
   KILN_CHECK(weight.value().size() == cols && bias.value().size() == cols, ShapeError, "layer_norm: x has shape ",
              s.str(), ", so weight and bias need ", cols, " elements; got weight ", weight.shape().str(), " and bias ",
              bias.shape().str());
-  return detail::layer_norm_impl(tape, x, weight.data(), bias.data(), eps);
+  return detail::layer_norm_impl<T>(tape, x, weight.data(), bias.data(), eps);
 }
 
 // Without an affine part: weight 1, bias 0 (neither learned, nothing allocated for them).
 template <class Exec, class T, class S, index_t... D>
 ag::Var<T, S, D...> layer_norm(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, double eps = 1e-5) {
-  using None = std::shared_ptr<typename ag::Var<T, S, dyn>::data_type>;
-  return detail::layer_norm_impl(tape, x, None(), None(), eps);
+  using P = compute_t<T>;
+  using None = std::shared_ptr<typename ag::Var<P, S, dyn>::data_type>;
+  return detail::layer_norm_impl<P>(tape, x, None(), None(), eps);
 }
 
 // LayerNorm over the last N features with a learned weight (ones) and bias (zeros), as PyTorch.
@@ -290,6 +301,8 @@ class LayerNorm {
     return {1, index_t(c.input_grad) + index_t(c.weight_grad || c.bias_grad)};
   }
   static constexpr index_t parameter_tensors = 2;
+  // Runs on bf16 / f16 activations with float parameters (train::Step's mixed precisions).
+  static constexpr bool mixed_precision = true;
 
  private:
   static Tensor<T, Space, N> filled(T v) {

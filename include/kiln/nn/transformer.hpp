@@ -57,9 +57,9 @@ class TransformerBlock {
   template <class Exec, class X>
   auto forward(ag::Tape<Exec>& tape, const X& x) {
     const auto a = parts_.template layer<1>().forward(tape, parts_.template layer<0>().forward(tape, x));
-    const X h = ag::map(tape, x + a);
+    const X h = add(tape, x, a);
     const auto m = parts_.template layer<3>().forward(tape, parts_.template layer<2>().forward(tape, h));
-    return X(ag::map(tape, h + m));
+    return add(tape, h, m);
   }
 
   // The parts, in the order they run (for the layer walkers).
@@ -90,9 +90,25 @@ class TransformerBlock {
   }
   static constexpr index_t parameter_tensors = Parts::parameter_tensors;
   static constexpr bool counts_launches = Parts::counts_launches;
+  // Mixed precision: as its parts (bf16 / f16 activations through the block, the residual adds
+  // in them too), their Linears' low copies refreshed through it.
+  static constexpr bool mixed_precision = Parts::mixed_precision;
+  static constexpr index_t low_copies = Parts::low_copies;
+  template <class L, class Exec>
+  void refresh_low_copy(Exec& exec) const {
+    parts_.template refresh_low_copies<L>(exec);
+  }
   std::string describe() const { return "TransformerBlock<" + std::to_string(D) + ", " + std::to_string(Heads) + " heads>"; }
 
  private:
+  // A residual add, ONE kernel; bf16 / f16 computed in float and rounded as stored (as nn::Residual).
+  template <class Exec, class A, class B>
+  static A add(ag::Tape<Exec>& tape, const A& a, const B& b) {
+    using V = typename A::value_type;
+    if constexpr (std::is_same_v<V, compute_t<V>>) return A(ag::map(tape, a + b));
+    else return A(ag::map(tape, cast<V>(a + b)));
+  }
+
   Parts parts_;
 };
 
