@@ -124,6 +124,8 @@ run kiln_tests_cuda cuda-tests 120 "$OUT/cuda_tests.log" "$OUT/cuda_tests.log" "
 # iteration.
 run train_gpt train-gpt-cuda 120 "$OUT/train_gpt_cuda.log" "$OUT/train_gpt_cuda.log" \
   "$BUILD/examples/train_gpt" --data-dir data
+run train_gpt train-gpt-bf16-cuda 120 "$OUT/train_gpt_bf16_cuda.log" "$OUT/train_gpt_bf16_cuda.log" \
+  "$BUILD/examples/train_gpt" --data-dir data --precision bf16_mixed
 # train_step_cuda runs PyTorch's CUDA eager step itself (bench/torch_train_step.py --device cuda,
 # python3 from PATH) in the same run, and fails under KILN_REQUIRE_DEVICE when it got no times.
 run bench_train_step_cuda bench-train-step-cuda 90 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/train_step_cuda"
@@ -199,8 +201,10 @@ fi
   grep -h -E '"(train_step|policies|kernels|fusion|convnet)' "$OUT/bench.jsonl"
   [ -f "$OUT/train_cifar_cuda.log" ] && grep -aE '^(device:|epoch|final test accuracy)' "$OUT/train_cifar_cuda.log" |
     sed "s/^/train_cifar_cuda: /"
-  [ -f "$OUT/train_gpt_cuda.log" ] && grep -aE '^(device:|final val loss|[0-9.]+ kernels per training step)' \
-    "$OUT/train_gpt_cuda.log" | sed "s/^/train_gpt_cuda: /"
+  for f in train_gpt_cuda train_gpt_bf16_cuda; do
+    [ -f "$OUT/$f.log" ] && grep -aE '^(device:|final val loss|[0-9.]+ kernels per training step)' "$OUT/$f.log" |
+      sed "s/^/$f: /"
+  done
   [ -f "$OUT/train_digits_graphs_cuda.log" ] && grep -aE '^(mode |final test accuracy)' \
     "$OUT/train_digits_graphs_cuda.log" | sed "s/^/train_digits_graphs_cuda: /"
   for d in cuda cpu; do

@@ -20,11 +20,11 @@ template <class T, class S, kiln::index_t... D>
 std::vector<double> fetch(const kiln::Tensor<T, S, D...>& t) {
   std::vector<double> out(std::size_t(t.size()));
   if constexpr (std::is_same_v<S, kiln::host>) {
-    for (kiln::index_t i = 0; i < t.size(); ++i) out[std::size_t(i)] = double(t.data()[i]);
+    for (kiln::index_t i = 0; i < t.size(); ++i) out[std::size_t(i)] = kiln::convert<double>(t.data()[i]);
   } else {
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
     const auto h = kiln::to_host(t);
-    for (kiln::index_t i = 0; i < h.size(); ++i) out[std::size_t(i)] = double(h.data()[i]);
+    for (kiln::index_t i = 0; i < h.size(); ++i) out[std::size_t(i)] = kiln::convert<double>(h.data()[i]);
   }
   return out;
 }

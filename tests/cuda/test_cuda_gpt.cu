@@ -46,7 +46,7 @@ kiln::Tensor<T, host, dyn, dyn, dyn> random_tensor(Shape s, std::uint32_t seed, 
   kiln::Tensor<T, host, dyn, dyn, dyn> t(s);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(-scale, scale);
-  for (index_t i = 0; i < t.size(); ++i) t.data()[i] = T(u(rng));
+  for (index_t i = 0; i < t.size(); ++i) t.data()[i] = kiln::convert<T>(float(u(rng)));
   return t;
 }
 
@@ -106,6 +106,16 @@ TEST_CASE("attention on CudaExecutor: kiln's kernel gives the CPU's output and g
 
 TEST_CASE("attention on CudaExecutor: the same in fp32") {
   for (const auto& c : attention_cases) compare_attention<float>(c, 1e-4);
+}
+
+TEST_CASE("attention on CudaExecutor: bf16 and f16 storage, float arithmetic, as the CPU's") {
+  // Both widen to float and round once per store, in other summation orders: a value on a
+  // rounding boundary may land one ulp away (bf16: 2^-8 relative), twice for the accumulated
+  // gradient.
+  for (const auto& c : attention_cases) {
+    compare_attention<kiln::bf16>(c, 3e-2);
+    compare_attention<kiln::f16>(c, 4e-3);
+  }
 }
 
 TEST_CASE("attention on CudaExecutor: a head wider than 128 is refused, naming it") {
@@ -226,6 +236,46 @@ TEST_CASE("GPT on CudaExecutor: the CPU's logits, loss and every gradient from t
 
 TEST_CASE("GPT with dropout on CudaExecutor: the CPU's masks (embedding, attention, residual), so the same step") {
   compare_gpt<tiny_dropout>();
+}
+
+TEST_CASE("GPT under bf16_mixed on CudaExecutor: the CPU's bf16 step (logits, loss, gradients)") {
+  // bf16 activations, float parameters, low copies of the weights and the tied table: the same
+  // roundings on both, in other orders, so bf16's tolerance.
+  using Model = kiln::models::GPT<tiny>;
+  Model cpu_model(7);
+  Model::on<Device> gpu_model(7);
+  Cpu cpu(2);
+  Gpu gpu;
+  cpu_model.refresh_low_copies<kiln::bf16>(cpu);
+  gpu_model.refresh_low_copies<kiln::bf16>(gpu);
+  const index_t batch = 4, length = tiny.block_size;
+  kiln::Tensor<kiln::bf16, host, dyn, dyn> ids(Shape{batch, length});
+  kiln::Tensor<std::int32_t, host, dyn> labels(Shape{batch * length});
+  std::mt19937 rng(22);
+  for (index_t i = 0; i < ids.size(); ++i) {
+    ids.data()[i] = kiln::bf16(float(rng() % tiny.vocab));
+    labels.data()[i] = std::int32_t(rng() % tiny.vocab);
+  }
+  auto step = [&](auto& model, auto& exec) {
+    using Exec = std::remove_reference_t<decltype(exec)>;
+    using S = typename Exec::space;
+    ag::Tape<Exec> tape(exec);
+    model.zero_grad();
+    ag::Var<kiln::bf16, S, dyn, dyn> x(to_space<S>(ids));
+    const auto lab = to_space<S>(labels);
+    const auto logits = model.forward(tape, x);
+    const auto loss = kiln::train::CrossEntropy{}(tape, logits, lab.data());
+    tape.backward(loss);
+    std::vector<std::vector<double>> out{fetch(logits.value()), fetch(loss.value())};
+    model.for_each_parameter([&](const auto& v) { out.push_back(fetch(v.grad())); });
+    return out;
+  };
+  const auto ref = step(cpu_model, cpu);
+  const auto got = step(gpu_model, gpu);
+  REQUIRE(got.size() == ref.size());
+  check_close(got[0], ref[0], 3e-2, "bf16 logits");
+  CHECK(got[1][0] == doctest::Approx(ref[1][0]).epsilon(1e-2));
+  for (std::size_t k = 2; k < ref.size(); ++k) check_close(got[k], ref[k], 5e-2, "bf16 gradient " + std::to_string(k - 2));
 }
 
 namespace {

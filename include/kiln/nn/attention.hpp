@@ -9,9 +9,10 @@
 // scaled_dot_product_attention default. CausalSelfAttention is nanoGPT's module as a Sequential:
 // Named<"c_attn", Linear<D, 3D>> (bias on), the attention, Named<"c_proj", Linear<D, D>>, so its
 // state-dict names are nanoGPT's (attn.c_attn.weight, attn.c_proj.bias).
-// On kiln::cuda (include kiln/nn/cuda.cuh) the same op runs kiln's own kernels in fp32 / fp64
-// (kiln/backend/cuda/attention.cuh: ONE launch each way, the CPU's mask and log-sum-exp);
-// bf16 / fp16 attention (cuDNN's fused kernel) is not written yet and is refused at compile time.
+// On kiln::cuda (include kiln/nn/cuda.cuh) the same op runs kiln's own kernels
+// (kiln/backend/cuda/attention.cuh: ONE launch each way, the CPU's mask and log-sum-exp). bf16 /
+// f16 activations (mixed precision) compute in float on both: on the CPU the float kernels run on
+// widened copies, on CUDA the kernels widen as they load.
 #pragma once
 
 #include <cmath>
@@ -97,9 +98,8 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
   static_assert(std::is_same_v<S, typename Exec::space>,
                 "kiln::nn::causal_attention: the activations live in another memory space than the executor's");
   constexpr bool half = kiln::detail::is_half_v<T>;
-  static_assert(std::is_floating_point_v<T> || (half && std::is_same_v<S, host>),
-                "kiln::nn::causal_attention: float or double activations on a device (bf16 / fp16 attention there "
-                "is cuDNN's, not written yet); the CPU also takes bf16 / fp16");
+  static_assert(std::is_floating_point_v<T> || half,
+                "kiln::nn::causal_attention: float, double, bf16 or f16 activations");
   using C = compute_t<T>;  // the kernels' type: float for bf16 / fp16 (their values widened, the output rounded)
   constexpr index_t D = W3 == dyn ? dyn : W3 / 3;
   using V = ag::Var<T, S, B, L, D>;
@@ -132,7 +132,7 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
     const T* X = qkv.value().data();
     T* Y = out.value().data();
     C* LSE = lse->data();
-    if constexpr (half) {
+    if constexpr (half && std::is_same_v<S, host>) {
       exec.launch("causal_attention", [&exec, X, Y, LSE, dims, grain, pair_work, bytes](std::string_view nm) {
         exec.stats().count(kind::other, nm, dims.pairs() * pair_work, bytes);
         const index_t rows = dims.batch * dims.length, w = dims.width();
@@ -165,7 +165,7 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
     const T* Y = od.value.data();
     const T* G = od.grad.data();
     const C* LSE = lse->data();
-    if constexpr (half) {
+    if constexpr (half && std::is_same_v<S, host>) {
       ex.launch("causal_attention_backward", [&ex, X, Y, G, LSE, dX, add, dims, grain, pair_work,
                                               bytes](std::string_view nm) {
         ex.stats().count(kind::other, nm, 2 * dims.pairs() * pair_work, 2 * bytes);
@@ -234,7 +234,7 @@ class CausalAttention {
   }
   // ONE fused kernel each way (the dropout mask is drawn inside them).
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
-  // bf16 / f16 activations on the CPU (the kernels run in float; causal_attention).
+  // bf16 / f16 activations (the kernels compute in float; causal_attention).
   static constexpr bool mixed_precision = true;
   static std::string describe() {
     return "CausalAttention<" + std::to_string(Heads) + " heads" + (P > 0.0 ? ", dropout>" : ">");

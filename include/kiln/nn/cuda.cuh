@@ -70,13 +70,13 @@ struct space_ops<cuda> {
 
 template <>
 struct attention_backend<cuda> {
-  template <class T>
-  static void forward(CudaExecutor& exec, const AttentionDims& d, const T* qkv, T* out, T* lse) {
+  template <class T, class C>
+  static void forward(CudaExecutor& exec, const AttentionDims& d, const T* qkv, T* out, C* lse) {
     cu::causal_attention_forward(d, qkv, out, lse, exec.stream());
   }
-  template <class T>
+  template <class T, class C>
   static void backward(CudaExecutor& exec, const AttentionDims& d, const T* qkv, const T* out, const T* dout,
-                       const T* lse, T* dqkv, bool accumulate) {
+                       const C* lse, T* dqkv, bool accumulate) {
     cu::causal_attention_backward(d, qkv, out, dout, lse, dqkv, accumulate, exec.stream());
   }
 };

@@ -45,26 +45,28 @@ ag::Var<T, Space, R, C> drawn_table(Draw&& draw) {
   return ag::Var<T, Space, R, C>(space_ops<Space>::from_host(std::move(w.value())), true);
 }
 
-// The device forms, a thread per element (the executor's for_each_element).
+// The device forms, a thread per element (the executor's for_each_element). T is the table's type,
+// Id the ids', O (or X) the activations' (bf16 / f16 under mixed precision: computed in T, rounded
+// as stored).
 // out row r = table row ids[r], or NaN when ids[r] is not an id; index[r] = the id, or -1.
-template <class T>
+template <class T, class Id = float, class O = T>
 struct EmbeddingGather {
-  const float* ids;
+  const Id* ids;
   const T* table;
-  T* out;
+  O* out;
   std::int32_t* index;
   index_t vocab, width;
   KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
-    const float v = ids[r];
+    const float v = convert<float>(ids[r]);
     const bool ok = v >= 0.0f && v < float(vocab) && v == ::floorf(v);
-    out[r * width + c] = ok ? table[index_t(v) * width + c] : T(NAN);
+    out[r * width + c] = ok ? convert<O>(table[index_t(v) * width + c]) : convert<O>(NAN);
     if (c == 0) index[r] = ok ? std::int32_t(v) : -1;
   }
 };
 // Column c of the table's gradient: (= 0, or kept when add) + the rows of each id, in row order.
-template <class T>
+template <class T, class G = T>
 struct EmbeddingScatterColumn {
-  const T* grad;
+  const G* grad;
   const std::int32_t* index;
   T* dw;
   index_t rows, vocab, width;
@@ -74,44 +76,44 @@ struct EmbeddingScatterColumn {
       for (index_t v = 0; v < vocab; ++v) dw[v * width + c] = T(0);
     for (index_t r = 0; r < rows; ++r) {
       const std::int32_t id = index[r];
-      if (id >= 0) dw[index_t(id) * width + c] += grad[r * width + c];
+      if (id >= 0) dw[index_t(id) * width + c] += convert<T>(grad[r * width + c]);
     }
   }
 };
 // y = x + table[row r's position], rows of `len` positions.
-template <class T>
+template <class T, class X = T>
 struct PositionAdd {
-  const T* x;
+  const X* x;
   const T* table;
-  T* y;
+  X* y;
   index_t len, width;
   KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
-    y[r * width + c] = x[r * width + c] + table[(r % len) * width + c];
+    y[r * width + c] = convert<X>(convert<T>(x[r * width + c]) + table[(r % len) * width + c]);
   }
 };
 // dx = g (or dx + g when add), element by element.
-template <class T>
+template <class X>
 struct GradientPass {
-  const T* g;
-  T* dx;
+  const X* g;
+  X* dx;
   index_t width;
   bool add;
   KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
     const index_t i = r * width + c;
-    dx[i] = add ? dx[i] + g[i] : g[i];
+    dx[i] = add ? convert<X>(convert<compute_t<X>>(dx[i]) + convert<compute_t<X>>(g[i])) : g[i];
   }
 };
 // The position table's gradient at (t, c): the batch's rows at position t, summed in order.
-template <class T>
+template <class T, class X = T>
 struct PositionTableGradient {
-  const T* g;
+  const X* g;
   T* dp;
   index_t rows, len, width;
   bool add;
   KILN_HOST_DEVICE void operator()(index_t t, index_t c) const {
     T s = add ? dp[t * width + c] : T(0);
     if (t < len)
-      for (index_t b = 0; b < rows; ++b) s += g[(b * len + t) * width + c];
+      for (index_t b = 0; b < rows; ++b) s += convert<T>(g[(b * len + t) * width + c]);
     dp[t * width + c] = s;
   }
 };
@@ -174,9 +176,6 @@ class Embedding {
     static_assert(!std::is_same_v<Id, f16> || Vocab <= 2048,
                   "kiln::nn::Embedding<Vocab, D>: under fp16_mixed the batch's token ids travel as IEEE half, exact "
                   "only up to 2048; use fp32 for a larger vocabulary");
-    static_assert(std::is_same_v<Space, host> || std::is_same_v<Id, float>,
-                  "kiln::nn::Embedding<Vocab, D>: on a device the ids are float (mixed precision there is not written "
-                  "yet)");
     using O = std::conditional_t<std::is_same_v<Id, float>, T, Id>;  // the rows' type
     using V = ag::Var<O, Space, B, L, D>;
     const index_t rows = ids.dim(0), len = ids.dim(1), n = rows * len;
@@ -188,7 +187,7 @@ class Embedding {
     const T* Wt = weight_.value().data();
     Exec& exec = tape.exec();
     if constexpr (!std::is_same_v<Space, host>) {
-      exec.for_each_element(n, D, detail::EmbeddingGather<T>{X, Wt, Y, Ix, Vocab, D}, kind::copy, "embedding",
+      exec.for_each_element(n, D, detail::EmbeddingGather<T, Id, O>{X, Wt, Y, Ix, Vocab, D}, kind::copy, "embedding",
                             std::size_t(n) * (D * sizeof(T) * 2 + sizeof(float)));
     } else {
       exec.launch("embedding", [&exec, X, Ix, Y, Wt, n, len](std::string_view nm) {
@@ -219,7 +218,7 @@ class Embedding {
       const O* G = od.grad.data();
       const std::int32_t* I = index->data();
       if constexpr (!std::is_same_v<Space, host>) {
-        ex.for_each_element(1, D, detail::EmbeddingScatterColumn<T>{G, I, dW, n, Vocab, D, add}, kind::other,
+        ex.for_each_element(1, D, detail::EmbeddingScatterColumn<T, O>{G, I, dW, n, Vocab, D, add}, kind::other,
                             "embedding_backward", std::size_t(n) * D * sizeof(T) * 2);
       } else {
         ex.launch("embedding_backward", [&ex, dW, G, I, n, add](std::string_view nm) {
@@ -245,7 +244,7 @@ class Embedding {
 
   // ONE gather forward, ONE scatter-add backward (none when frozen).
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.weight_grad ? 1 : 0}; }
-  // bf16 / f16 ids give rows of their type (train::Step's mixed precisions), on the CPU.
+  // bf16 / f16 ids give rows of their type (train::Step's mixed precisions).
   static constexpr bool mixed_precision = true;
   static constexpr index_t parameter_tensors = 1;
   static std::string describe() { return "Embedding<" + std::to_string(Vocab) + ", " + std::to_string(D) + ">"; }
@@ -284,9 +283,6 @@ class PositionEmbedding {
   template <class Exec, class X, index_t B, index_t L, index_t W>
     requires(std::is_same_v<X, T> || std::is_same_v<X, bf16> || std::is_same_v<X, f16>)
   auto forward(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, L, W>& x) const {
-    static_assert(std::is_same_v<Space, host> || std::is_same_v<X, T>,
-                  "kiln::nn::PositionEmbedding: on a device the activations are the table's type (mixed precision "
-                  "there is not written yet)");
     using V = ag::Var<X, Space, B, L, W>;
     const index_t rows = x.dim(0), len = x.dim(1);
     KILN_CHECK(x.dim(2) == D, ShapeError, describe(), ": the input has shape ", x.shape().str(), "; its width must be ", D);
@@ -299,7 +295,7 @@ class PositionEmbedding {
     const index_t n = rows * len;
     Exec& exec = tape.exec();
     if constexpr (!std::is_same_v<Space, host>) {
-      exec.for_each_element(n, D, detail::PositionAdd<T>{Xs, P, Y, len, D}, kind::elementwise, "position_embedding",
+      exec.for_each_element(n, D, detail::PositionAdd<T, X>{Xs, P, Y, len, D}, kind::elementwise, "position_embedding",
                             std::size_t(n) * D * sizeof(T) * 3);
     } else {
       exec.launch("position_embedding", [&exec, Xs, P, Y, n, len](std::string_view nm) {
@@ -325,7 +321,7 @@ class PositionEmbedding {
         const bool add = xd->grad_valid;
         X* dX = xd->ensure_grad();
         if constexpr (!std::is_same_v<Space, host>) {
-          ex.for_each_element(n, D, detail::GradientPass<T>{G, dX, D, add}, kind::copy,
+          ex.for_each_element(n, D, detail::GradientPass<X>{G, dX, D, add}, kind::copy,
                               "position_embedding_input_backward", std::size_t(n) * D * sizeof(T) * 2);
         } else {
           ex.launch("position_embedding_input_backward", [&ex, dX, G, n, add](std::string_view nm) {
@@ -342,7 +338,7 @@ class PositionEmbedding {
         const bool add = wd->grad_valid;
         T* dP = wd->ensure_grad();
         if constexpr (!std::is_same_v<Space, host>) {
-          ex.for_each_element(MaxT, D, detail::PositionTableGradient<T>{G, dP, rows, len, D, add}, kind::reduce,
+          ex.for_each_element(MaxT, D, detail::PositionTableGradient<T, X>{G, dP, rows, len, D, add}, kind::reduce,
                               "position_embedding_backward", std::size_t(rows * len) * D * sizeof(T));
         } else {
           ex.launch("position_embedding_backward", [&ex, dP, G, rows, len, add](std::string_view nm) {
@@ -372,7 +368,7 @@ class PositionEmbedding {
   static constexpr Launches launches(const LaunchContext& c) {
     return {1, index_t(c.weight_grad) + index_t(c.input_grad)};
   }
-  static constexpr bool mixed_precision = true;  // bf16 / f16 activations, a float table (CPU)
+  static constexpr bool mixed_precision = true;  // bf16 / f16 activations, a float table
   static constexpr index_t parameter_tensors = 1;
   static std::string describe() {
     return "PositionEmbedding<" + std::to_string(MaxT) + ", " + std::to_string(D) + ">";

@@ -1,6 +1,8 @@
-// kiln/backend/cuda/attention.cuh — causal scaled-dot-product attention on the GPU, fp32 and fp64:
-// kiln's own kernels, FlashAttention-2's scheme, the CPU kernel's layout and mask
-// (kiln/core/attention_dims.hpp; kiln/backend/cpu/attention.hpp is the oracle).
+// kiln/backend/cuda/attention.cuh — causal scaled-dot-product attention on the GPU: kiln's own
+// kernels, FlashAttention-2's scheme, the CPU kernel's layout and mask (kiln/core/attention_dims.hpp;
+// kiln/backend/cpu/attention.hpp is the oracle). Storage in fp32, fp64, bf16 or fp16; arithmetic
+// in compute_t (float for the half types: values widened as they load, results rounded once as
+// they store; the log-sum-exp kept in float).
 //
 //   cu::causal_attention_forward(dims, qkv, out, lse, stream);                 // ONE launch
 //   cu::causal_attention_backward(dims, qkv, out, dout, lse, dqkv, add, stream);  // ONE launch
@@ -22,7 +24,8 @@
 // Status: compiled on every CI run; NOT YET RUN on a GPU (no device was lent when it was written).
 // tests/cuda/test_cuda_gpt.cu compares it with the CPU kernel on the first machine that has one.
 // It is the correct, general path (any T, head widths up to 128, fp64 for gradient checks), not
-// the fast one: bf16 / fp16 attention belongs to cuDNN's fused kernel, not written yet.
+// the fast one: no tensor cores, a thread per row. cuDNN's fused attention would be the fast
+// bf16 / fp16 path; it is not written (a graph nobody could run here would be guesswork).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,6 +37,7 @@
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/config.hpp"
 #include "kiln/core/attention_dims.hpp"
+#include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/random.hpp"
 
@@ -72,17 +76,19 @@ KILN_DEVICE T attention_keep(const AttentionDims& d, index_t pair, index_t i, in
 
 // Loads rows [r0, r0 + n) of a [*, row]-strided operand's hd features into tile[c][f] (zeros past
 // n rows and hd features), the block's threads striding over the tile.
-template <class T, int HD, int Rows>
-KILN_DEVICE void load_tile(T (&tile)[Rows][HD], const T* base, index_t row, index_t r0, index_t n, index_t hd) {
+template <class C, int HD, int Rows, class T>
+KILN_DEVICE void load_tile(C (&tile)[Rows][HD], const T* base, index_t row, index_t r0, index_t n, index_t hd) {
   for (int e = int(threadIdx.x); e < Rows * HD; e += int(blockDim.x)) {
     const int c = e / HD, f = e % HD;
-    tile[c][f] = (c < n && f < hd) ? base[(r0 + c) * row + f] : T(0);
+    tile[c][f] = (c < n && f < hd) ? convert<C>(base[(r0 + c) * row + f]) : C(0);
   }
 }
 
-template <class T, int HD>
+template <class S, int HD>
 KILN_GLOBAL void __launch_bounds__(attention_rows)
-    causal_attention_forward(const T* __restrict__ qkv, T* __restrict__ out, T* __restrict__ lse, AttentionDims d) {
+    causal_attention_forward(const S* __restrict__ qkv, S* __restrict__ out, compute_t<S>* __restrict__ lse,
+                             AttentionDims d) {
+  using T = compute_t<S>;  // S is stored, T computed in
   constexpr int Rows = attention_tile_rows<T, HD>();
   __shared__ T ks[Rows][HD];
   __shared__ T vs[Rows][HD];
@@ -90,14 +96,14 @@ KILN_GLOBAL void __launch_bounds__(attention_rows)
   const index_t pair = blockIdx.y, b = pair / H, h = pair % H;
   const index_t i0 = index_t(blockIdx.x) * attention_rows, i = i0 + threadIdx.x;
   const bool active = i < L;
-  const T* q_base = qkv + b * L * row + h * hd;
-  const T* k_base = q_base + W;
-  const T* v_base = q_base + 2 * W;
+  const S* q_base = qkv + b * L * row + h * hd;
+  const S* k_base = q_base + W;
+  const S* v_base = q_base + 2 * W;
   const T scale = T(d.scale), keep = T(1) / (T(1) - T(d.dropout));
   T q[HD], acc[HD];
 #pragma unroll
   for (int f = 0; f < HD; ++f) {
-    q[f] = (active && f < hd) ? q_base[i * row + f] : T(0);
+    q[f] = (active && f < hd) ? convert<T>(q_base[i * row + f]) : T(0);
     acc[f] = T(0);
   }
   T m = -T(INFINITY), l = T(0);
@@ -105,8 +111,8 @@ KILN_GLOBAL void __launch_bounds__(attention_rows)
   for (index_t j0 = 0; j0 <= last; j0 += Rows) {
     const index_t n = L - j0 < Rows ? L - j0 : Rows;
     __syncthreads();  // the previous tile is read by every thread
-    load_tile<T, HD, Rows>(ks, k_base, row, j0, n, hd);
-    load_tile<T, HD, Rows>(vs, v_base, row, j0, n, hd);
+    load_tile(ks, k_base, row, j0, n, hd);
+    load_tile(vs, v_base, row, j0, n, hd);
     __syncthreads();
     if (!active || j0 > i) continue;
     const int cn = int(i + 1 - j0 < n ? i + 1 - j0 : n);  // the causal mask: keys j <= i only
@@ -130,20 +136,22 @@ KILN_GLOBAL void __launch_bounds__(attention_rows)
     }
   }
   if (!active) return;
-  T* o = out + (b * L + i) * W + h * hd;
+  S* o = out + (b * L + i) * W + h * hd;
   const T inv = T(1) / l;
 #pragma unroll
   for (int f = 0; f < HD; ++f)
-    if (f < hd) o[f] = acc[f] * inv;
+    if (f < hd) o[f] = convert<S>(acc[f] * inv);
   lse[pair * L + i] = m + attention_log(l);
 }
 
-// Δ_i = dO_i · O_i for query row i of pair (b, h).
-template <class T>
-KILN_DEVICE T attention_delta(const T* out, const T* dout, index_t b, index_t h, index_t i, const AttentionDims& d) {
+// Δ_i = dO_i · O_i for query row i of pair (b, h), in S's compute type.
+template <class S>
+KILN_DEVICE compute_t<S> attention_delta(const S* out, const S* dout, index_t b, index_t h, index_t i,
+                                         const AttentionDims& d) {
+  using T = compute_t<S>;
   const index_t W = d.width(), at = (b * d.length + i) * W + h * d.head_dim;
   T s = T(0);
-  for (index_t f = 0; f < d.head_dim; ++f) s += dout[at + f] * out[at + f];
+  for (index_t f = 0; f < d.head_dim; ++f) s += convert<T>(dout[at + f]) * convert<T>(out[at + f]);
   return s;
 }
 
@@ -155,10 +163,12 @@ struct AttentionBackwardTiles {
   T lse[rows], delta[rows];
 };
 
-template <class T, int HD>
-KILN_DEVICE void attention_backward_query(const T* __restrict__ qkv, const T* __restrict__ out,
-                                          const T* __restrict__ dout, const T* __restrict__ lse, T* __restrict__ dqkv,
-                                          bool add, const AttentionDims& d, AttentionBackwardTiles<T, HD>& tiles) {
+template <class S, int HD>
+KILN_DEVICE void attention_backward_query(const S* __restrict__ qkv, const S* __restrict__ out,
+                                          const S* __restrict__ dout, const compute_t<S>* __restrict__ lse,
+                                          S* __restrict__ dqkv, bool add, const AttentionDims& d,
+                                          AttentionBackwardTiles<compute_t<S>, HD>& tiles) {
+  using T = compute_t<S>;
   constexpr int Rows = attention_tile_rows<T, HD>();
   auto& ks = tiles.a;
   auto& vs = tiles.b;
@@ -166,16 +176,16 @@ KILN_DEVICE void attention_backward_query(const T* __restrict__ qkv, const T* __
   const index_t pair = blockIdx.y, b = pair / H, h = pair % H;
   const index_t i0 = index_t(blockIdx.x) * attention_rows, i = i0 + threadIdx.x;
   const bool active = i < L;
-  const T* q_base = qkv + b * L * row + h * hd;
-  const T* k_base = q_base + W;
-  const T* v_base = q_base + 2 * W;
-  const T* g_row = dout + (b * L + i) * W + h * hd;
+  const S* q_base = qkv + b * L * row + h * hd;
+  const S* k_base = q_base + W;
+  const S* v_base = q_base + 2 * W;
+  const S* g_row = dout + (b * L + i) * W + h * hd;
   const T scale = T(d.scale), keep = T(1) / (T(1) - T(d.dropout));
   T q[HD], g[HD], dq[HD];
 #pragma unroll
   for (int f = 0; f < HD; ++f) {
-    q[f] = (active && f < hd) ? q_base[i * row + f] : T(0);
-    g[f] = (active && f < hd) ? g_row[f] : T(0);
+    q[f] = (active && f < hd) ? convert<T>(q_base[i * row + f]) : T(0);
+    g[f] = (active && f < hd) ? convert<T>(g_row[f]) : T(0);
     dq[f] = T(0);
   }
   const T delta = active ? attention_delta(out, dout, b, h, i, d) : T(0);
@@ -184,8 +194,8 @@ KILN_DEVICE void attention_backward_query(const T* __restrict__ qkv, const T* __
   for (index_t j0 = 0; j0 <= last; j0 += Rows) {
     const index_t n = L - j0 < Rows ? L - j0 : Rows;
     __syncthreads();
-    load_tile<T, HD, Rows>(ks, k_base, row, j0, n, hd);
-    load_tile<T, HD, Rows>(vs, v_base, row, j0, n, hd);
+    load_tile(ks, k_base, row, j0, n, hd);
+    load_tile(vs, v_base, row, j0, n, hd);
     __syncthreads();
     if (!active || j0 > i) continue;
     const int cn = int(i + 1 - j0 < n ? i + 1 - j0 : n);
@@ -204,16 +214,18 @@ KILN_DEVICE void attention_backward_query(const T* __restrict__ qkv, const T* __
     }
   }
   if (!active) return;
-  T* dst = dqkv + (b * L + i) * row + h * hd;
+  S* dst = dqkv + (b * L + i) * row + h * hd;
 #pragma unroll
   for (int f = 0; f < HD; ++f)
-    if (f < hd) dst[f] = add ? dst[f] + dq[f] : dq[f];
+    if (f < hd) dst[f] = convert<S>(add ? convert<T>(dst[f]) + dq[f] : dq[f]);
 }
 
-template <class T, int HD>
-KILN_DEVICE void attention_backward_key(const T* __restrict__ qkv, const T* __restrict__ out,
-                                        const T* __restrict__ dout, const T* __restrict__ lse, T* __restrict__ dqkv,
-                                        bool add, const AttentionDims& d, AttentionBackwardTiles<T, HD>& tiles) {
+template <class S, int HD>
+KILN_DEVICE void attention_backward_key(const S* __restrict__ qkv, const S* __restrict__ out,
+                                        const S* __restrict__ dout, const compute_t<S>* __restrict__ lse,
+                                        S* __restrict__ dqkv, bool add, const AttentionDims& d,
+                                        AttentionBackwardTiles<compute_t<S>, HD>& tiles) {
+  using T = compute_t<S>;
   constexpr int Rows = attention_tile_rows<T, HD>();
   auto& qs = tiles.a;
   auto& gs = tiles.b;
@@ -223,14 +235,14 @@ KILN_DEVICE void attention_backward_key(const T* __restrict__ qkv, const T* __re
   const index_t pair = blockIdx.y, b = pair / H, h = pair % H;
   const index_t j_first = index_t(blockIdx.x) * attention_rows, j = j_first + threadIdx.x;
   const bool active = j < L;
-  const T* q_base = qkv + b * L * row + h * hd;
-  const T* g_base = dout + b * L * W + h * hd;
+  const S* q_base = qkv + b * L * row + h * hd;
+  const S* g_base = dout + b * L * W + h * hd;
   const T scale = T(d.scale), keep = T(1) / (T(1) - T(d.dropout));
   T k[HD], v[HD], dk[HD], dv[HD];
 #pragma unroll
   for (int f = 0; f < HD; ++f) {
-    k[f] = (active && f < hd) ? q_base[j * row + W + f] : T(0);
-    v[f] = (active && f < hd) ? q_base[j * row + 2 * W + f] : T(0);
+    k[f] = (active && f < hd) ? convert<T>(q_base[j * row + W + f]) : T(0);
+    v[f] = (active && f < hd) ? convert<T>(q_base[j * row + 2 * W + f]) : T(0);
     dk[f] = T(0);
     dv[f] = T(0);
   }
@@ -238,8 +250,8 @@ KILN_DEVICE void attention_backward_key(const T* __restrict__ qkv, const T* __re
   for (index_t i0 = j_first; i0 < L; i0 += Rows) {
     const index_t n = L - i0 < Rows ? L - i0 : Rows;
     __syncthreads();
-    load_tile<T, HD, Rows>(qs, q_base, row, i0, n, hd);
-    load_tile<T, HD, Rows>(gs, g_base, W, i0, n, hd);
+    load_tile(qs, q_base, row, i0, n, hd);
+    load_tile(gs, g_base, W, i0, n, hd);
     if (index_t(threadIdx.x) < n) {
       lse_s[threadIdx.x] = lse[pair * L + i0 + threadIdx.x];
       delta_s[threadIdx.x] = attention_delta(out, dout, b, h, i0 + threadIdx.x, d);
@@ -267,22 +279,22 @@ KILN_DEVICE void attention_backward_key(const T* __restrict__ qkv, const T* __re
     }
   }
   if (!active) return;
-  T* dst = dqkv + (b * L + j) * row + W + h * hd;
+  S* dst = dqkv + (b * L + j) * row + W + h * hd;
 #pragma unroll
   for (int f = 0; f < HD; ++f)
     if (f < hd) {
-      dst[f] = add ? dst[f] + dk[f] : dk[f];
-      dst[W + f] = add ? dst[W + f] + dv[f] : dv[f];
+      dst[f] = convert<S>(add ? convert<T>(dst[f]) + dk[f] : dk[f]);
+      dst[W + f] = convert<S>(add ? convert<T>(dst[W + f]) + dv[f] : dv[f]);
     }
 }
 
-template <class T, int HD>
+template <class S, int HD>
 KILN_GLOBAL void __launch_bounds__(attention_rows)
-    causal_attention_backward(const T* __restrict__ qkv, const T* __restrict__ out, const T* __restrict__ dout,
-                              const T* __restrict__ lse, T* __restrict__ dqkv, bool add, AttentionDims d) {
-  __shared__ AttentionBackwardTiles<T, HD> tiles;
-  if (blockIdx.z == 0) attention_backward_query<T, HD>(qkv, out, dout, lse, dqkv, add, d, tiles);
-  else attention_backward_key<T, HD>(qkv, out, dout, lse, dqkv, add, d, tiles);
+    causal_attention_backward(const S* __restrict__ qkv, const S* __restrict__ out, const S* __restrict__ dout,
+                              const compute_t<S>* __restrict__ lse, S* __restrict__ dqkv, bool add, AttentionDims d) {
+  __shared__ AttentionBackwardTiles<compute_t<S>, HD> tiles;
+  if (blockIdx.z == 0) attention_backward_query<S, HD>(qkv, out, dout, lse, dqkv, add, d, tiles);
+  else attention_backward_key<S, HD>(qkv, out, dout, lse, dqkv, add, d, tiles);
 }
 
 }  // namespace kernels
@@ -309,12 +321,14 @@ inline dim3 attention_grid(const AttentionDims& d, unsigned kinds) {
 
 }  // namespace detail
 
+template <class T>
+inline constexpr bool attention_type_v = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                         std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
 // out [B, T, H·hd] and lse [B·H·T] from qkv [B, T, 3·H·hd] (device pointers), on `stream`.
 template <class T>
-void causal_attention_forward(const AttentionDims& d, const T* qkv, T* out, T* lse, cudaStream_t stream) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "kiln::cu::causal_attention_forward: float or double (bf16 / fp16 attention is cuDNN's, not "
-                "written yet)");
+void causal_attention_forward(const AttentionDims& d, const T* qkv, T* out, compute_t<T>* lse, cudaStream_t stream) {
+  static_assert(attention_type_v<T>, "kiln::cu::causal_attention_forward: float, double, bf16 or f16");
   if (d.length == 0 || d.pairs() == 0) return;
   detail::with_attention_head_dim(d, [&](auto hd) {
     kernels::causal_attention_forward<T, decltype(hd)::value>
@@ -325,11 +339,9 @@ void causal_attention_forward(const AttentionDims& d, const T* qkv, T* out, T* l
 
 // dqkv (=, or += when add) from dout [B, T, H·hd] and what the forward saved, on `stream`.
 template <class T>
-void causal_attention_backward(const AttentionDims& d, const T* qkv, const T* out, const T* dout, const T* lse,
-                               T* dqkv, bool add, cudaStream_t stream) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "kiln::cu::causal_attention_backward: float or double (bf16 / fp16 attention is cuDNN's, not "
-                "written yet)");
+void causal_attention_backward(const AttentionDims& d, const T* qkv, const T* out, const T* dout,
+                               const compute_t<T>* lse, T* dqkv, bool add, cudaStream_t stream) {
+  static_assert(attention_type_v<T>, "kiln::cu::causal_attention_backward: float, double, bf16 or f16");
   if (d.length == 0 || d.pairs() == 0) return;
   detail::with_attention_head_dim(d, [&](auto hd) {
     kernels::causal_attention_backward<T, decltype(hd)::value>
