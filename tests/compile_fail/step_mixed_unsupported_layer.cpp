@@ -1,13 +1,13 @@
 // expect: under bf16_mixed / fp16_mixed every layer must run on half-precision activations
-// LayerNorm does not run on bf16 activations yet: the step says so at compile time.
-// Control: a ReLU (which runs on bf16) in LayerNorm's place, under the same bf16_mixed policy.
+// Dropout does not run on bf16 activations yet: the step says so at compile time.
+// Control: a ReLU (which runs on bf16) in Dropout's place, under the same bf16_mixed policy.
 #include <kiln/train.hpp>
 
 int main() {
 #ifdef KILN_COMPILE_FAIL_CONTROL
   using Model = kiln::nn::Sequential<kiln::nn::Linear<4, 8>, kiln::nn::ReLU, kiln::nn::Linear<8, 2>>;
 #else
-  using Model = kiln::nn::Sequential<kiln::nn::Linear<4, 8>, kiln::nn::LayerNorm<8>, kiln::nn::Linear<8, 2>>;
+  using Model = kiln::nn::Sequential<kiln::nn::Linear<4, 8>, kiln::nn::Dropout<0.1>, kiln::nn::Linear<8, 2>>;
 #endif
   kiln::CpuExecutor exec;
   Model model;

@@ -1,11 +1,11 @@
 // kiln/nn/mixed_check.hpp — which layer keeps a model from mixed precision, named by the compiler.
 //
 // A model runs under bf16_mixed / fp16_mixed when every layer does (`mixed_precision = true`:
-// Linear, Conv2d, BatchNorm2d, the pools, activations, reshapes, Residual and Repeat of such
-// layers). train::Step checks nn::mixed_precision_ok<Model>: it walks the model's type through
+// Linear, Conv2d, BatchNorm2d, LayerNorm, the pools, activations, reshapes, the GPT's embeddings,
+// attention and blocks, Residual and Repeat of such layers; not Dropout yet). train::Step checks nn::mixed_precision_ok<Model>: it walks the model's type through
 // Sequential, Residual, Repeat and Named, and for the first layer that cannot, instantiates
 // layer_runs_in_half_precision<Layer>, whose static_assert the compiler reports together with the
-// layer's type, e.g. `layer_runs_in_half_precision<kiln::nn::LayerNorm<64>>`.
+// layer's type, e.g. `layer_runs_in_half_precision<kiln::nn::Dropout<0.1>>`.
 #pragma once
 
 #include <tuple>

@@ -341,8 +341,8 @@ class Sequential {
   // Whether a GEMM computes this model's input gradient (its first layer is a Linear).
   static constexpr bool takes_fold = N > 0 && takes_fold_[0];
   // Whether every layer runs on bf16 / f16 activations (say `mixed_precision = true`): Linear,
-  // Conv2d, BatchNorm2d, the pools, activations and reshapes; kiln/nn/mixed_check.hpp names the
-  // layer that does not.
+  // Conv2d, BatchNorm2d, LayerNorm, the pools, activations, reshapes and the transformer layers;
+  // kiln/nn/mixed_check.hpp names the layer that does not.
   static constexpr bool mixed_precision = (detail::mixed_precision_of<Layers>() && ... && true);
   // Whether a layer is an opaque user function (nn::Opaque), a boundary kiln does not fuse across.
   static constexpr bool has_opaque = (detail::opaque_of<Layers>() || ... || false);
