@@ -26,6 +26,7 @@
 #include "kiln/core/random.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/nn/dropout.hpp"
+#include "kiln/nn/half_io.hpp"
 #include "kiln/nn/linear.hpp"
 #include "kiln/nn/module.hpp"
 #include "kiln/nn/named.hpp"
@@ -35,24 +36,6 @@
 namespace kiln::nn {
 
 namespace detail {
-// bf16 / f16 attention on the CPU runs the float kernels: the operands widened into float buffers
-// (a pass over them, split across the executor's threads), the result rounded once into T (added
-// to what dst holds when add, in float).
-template <class Exec, class T>
-std::vector<float> widened(Exec& exec, const T* src, index_t n) {
-  std::vector<float> out(static_cast<std::size_t>(n));
-  exec.parallel_for(n, Exec::grain, [&](index_t b, index_t e) {
-    for (index_t i = b; i < e; ++i) out[std::size_t(i)] = convert<float>(src[i]);
-  });
-  return out;
-}
-template <class Exec, class T>
-void narrow_into(Exec& exec, const float* src, T* dst, index_t n, bool add) {
-  exec.parallel_for(n, Exec::grain, [&](index_t b, index_t e) {
-    for (index_t i = b; i < e; ++i) dst[i] = convert<T>(add ? convert<float>(dst[i]) + src[i] : src[i]);
-  });
-}
-
 template <index_t W3, index_t Heads>
 constexpr index_t attention_width() {
   return W3 == dyn ? dyn : W3 / 3;
@@ -136,12 +119,12 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
       exec.launch("causal_attention", [&exec, X, Y, LSE, dims, grain, pair_work, bytes](std::string_view nm) {
         exec.stats().count(kind::other, nm, dims.pairs() * pair_work, bytes);
         const index_t rows = dims.batch * dims.length, w = dims.width();
-        const auto xf = detail::widened(exec, X, rows * 3 * w);
+        const auto xf = detail::widened(X, rows * 3 * w, exec.threads());
         std::vector<float> yf(static_cast<std::size_t>(rows * w));
         exec.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
           cpu::causal_attention_forward(xf.data(), yf.data(), LSE, dims, b, e);
         });
-        detail::narrow_into(exec, yf.data(), Y, rows * w, false);
+        detail::store_rounded(Y, yf.data(), rows * w, false, exec.threads());
       });
     } else if constexpr (std::is_same_v<S, host>) {
       exec.launch("causal_attention", [&exec, X, Y, LSE, dims, grain, pair_work, bytes](std::string_view nm) {
@@ -170,13 +153,14 @@ auto causal_attention(ag::Tape<Exec>& tape, const ag::Var<T, S, B, L, W3>& qkv, 
                                               bytes](std::string_view nm) {
         ex.stats().count(kind::other, nm, 2 * dims.pairs() * pair_work, 2 * bytes);
         const index_t rows = dims.batch * dims.length, w = dims.width();
-        const auto xf = detail::widened(ex, X, rows * 3 * w), yf = detail::widened(ex, Y, rows * w),
-                   gf = detail::widened(ex, G, rows * w);
+        const int threads = ex.threads();
+        const auto xf = detail::widened(X, rows * 3 * w, threads), yf = detail::widened(Y, rows * w, threads),
+                   gf = detail::widened(G, rows * w, threads);
         std::vector<float> dxf(static_cast<std::size_t>(rows * 3 * w));
         ex.parallel_for(dims.pairs(), grain, [&](index_t b, index_t e) {
           cpu::causal_attention_backward(xf.data(), yf.data(), gf.data(), LSE, dxf.data(), false, dims, b, e);
         });
-        detail::narrow_into(ex, dxf.data(), dX, rows * 3 * w, add);
+        detail::store_rounded(dX, dxf.data(), rows * 3 * w, add, ex.threads());
       });
     } else if constexpr (std::is_same_v<S, host>) {
       ex.launch("causal_attention_backward", [&ex, X, Y, G, LSE, dX, add, dims, grain, pair_work,
