@@ -4,7 +4,7 @@
 # the installed-package consumer, the MPI tests, and the CUDA suites, which ctest lists as skipped
 # without a device), then the suites that -march changes once more from a portable build, then
 # runs the readers' fuzzers for a bounded time from their committed seeds, and prints what each
-# budgeted file cost to compile beside its budget (README, "Compile time").
+# budgeted file cost to compile in this build beside its budget (README, "Compile time").
 #
 # build-tests/ is built to be tested, not timed (KILN_QUICK_BUILD): the examples and benchmarks
 # the tests run at -O1, and CUDA code to PTX only (no GPU here compiles it; a device would load
@@ -51,11 +51,12 @@ echo "test.sh: $portable_target from the portable build (KILN_NATIVE=OFF)"
 "build-portable/tests/$portable_target" || status=$?
 # The readers under libFuzzer (clang, ASan + UBSan), a bounded run each from the committed seeds.
 bash scripts/fuzz.sh --seconds "${KILN_FUZZ_SECONDS:-20}" || status=$?
-# Compile time, budgeted like speed (README, "Compile time"): the rows with a g++ budget compiled
-# now, each alone in a Release build (build-compile-time/), beside their budgets, so a regression
-# shows at the stop that made it; then the test build's own record of the rest. Informational:
-# a row over budget is printed as such, it does not fail the tests.
-python3 bench/compile_time --compilers g++ --budgeted || true
+# Compile time, budgeted like speed (README, "Compile time"): the test build's own record of every
+# budgeted file (-O1 programs, compiled two at a time), so a regression shows at the stop that
+# made it. KILN_COMPILE_BUDGETS=1 adds the budgets' own measure — each row compiled alone in a
+# Release build (build-compile-time/), about 4 minutes on 2 cores, which CI's 30-minute budget
+# leaves out. Informational: a row over budget is printed as such, it does not fail the tests.
+if [ "${KILN_COMPILE_BUDGETS:-0}" = 1 ]; then python3 bench/compile_time --compilers g++ --budgeted || true; fi
 python3 bench/compile_time --from-log build-tests/compile_times.jsonl || true
 echo "test.sh: done in $(since "$start") (exit $status)"
 exit "$status"

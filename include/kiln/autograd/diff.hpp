@@ -5,6 +5,12 @@
 // a record (a struct shaped like the expression), and bwd(record, adjoint, r, c) walks it
 // top-down applying each functor's partial derivatives (the chain rule). One kernel over the
 // output therefore writes the gradients of ALL inputs in one pass.
+//
+// fwd_flat(i) / bwd_flat(record, adjoint, i) are the same walk by flat index, valid when
+// flat_ok() (every leaf reads its memory in the output's element order; a broadcast input's
+// adjoints go to a dense scratch of the output's shape, so they index flat too): the kernel then
+// runs as one loop over the elements instead of rows x columns, which for NCHW activations means
+// a loop of N*C*H*W rather than W-long rows (7 columns at ResNet's last stage).
 #pragma once
 
 #include <functional>
@@ -56,6 +62,9 @@ class LeafDiff {
   LeafDiff(const L& l, const Shape& dst, Plan&) : ev_(l, dst) {}
   KILN_HOST_DEVICE Rec fwd(index_t r, index_t c) const { return {ev_.at(r, c)}; }
   KILN_HOST_DEVICE void bwd(const Rec&, value_type, index_t, index_t) const {}
+  KILN_HOST_DEVICE Rec fwd_flat(index_t i) const { return {ev_.flat(i)}; }
+  KILN_HOST_DEVICE void bwd_flat(const Rec&, value_type, index_t) const {}
+  bool flat_ok() const { return ev_.flat_ok(); }
 
  private:
   Evaluator<L> ev_;
@@ -114,11 +123,15 @@ class Diff<VarLeaf<T, S, Ext>> {
     });
   }
   KILN_HOST_DEVICE Rec fwd(index_t r, index_t c) const { return {ev_.at(r, c)}; }
-  KILN_HOST_DEVICE void bwd(const Rec&, value_type adj, index_t r, index_t c) const {
+  KILN_HOST_DEVICE void bwd(const Rec&, value_type adj, index_t r, index_t c) const { bwd_flat({}, adj, r * rs_ + c); }
+  KILN_HOST_DEVICE Rec fwd_flat(index_t i) const { return {ev_.flat(i)}; }
+  // g_ is the gradient or the broadcast scratch, both dense in the output's shape.
+  KILN_HOST_DEVICE void bwd_flat(const Rec&, value_type adj, index_t i) const {
     if (!g_) return;
-    T& g = g_[r * rs_ + c];
+    T& g = g_[i];
     g = add_ ? T(compute_t<T>(g) + adj) : T(adj);
   }
+  bool flat_ok() const { return ev_.flat_ok(); }
 
  private:
   Evaluator<VarLeaf<T, S, Ext>> ev_;
@@ -144,6 +157,14 @@ class Diff<Unary<F, A>> {
   KILN_HOST_DEVICE void bwd(const Rec& rec, value_type adj, index_t r, index_t c) const {
     a_.bwd(rec.a, adj * f_.d(value_type(rec.a.v)), r, c);
   }
+  KILN_HOST_DEVICE Rec fwd_flat(index_t i) const {
+    const auto ra = a_.fwd_flat(i);
+    return {f_(value_type(ra.v)), ra};
+  }
+  KILN_HOST_DEVICE void bwd_flat(const Rec& rec, value_type adj, index_t i) const {
+    a_.bwd_flat(rec.a, adj * f_.d(value_type(rec.a.v)), i);
+  }
+  bool flat_ok() const { return a_.flat_ok(); }
 
  private:
   F f_;
@@ -171,6 +192,17 @@ class Diff<Binary<F, A, B>> {
     a_.bwd(rec.a, adj * f_.d0(va, vb), r, c);
     b_.bwd(rec.b, adj * f_.d1(va, vb), r, c);
   }
+  KILN_HOST_DEVICE Rec fwd_flat(index_t i) const {
+    const auto ra = a_.fwd_flat(i);
+    const auto rb = b_.fwd_flat(i);
+    return {f_(value_type(ra.v), value_type(rb.v)), ra, rb};
+  }
+  KILN_HOST_DEVICE void bwd_flat(const Rec& rec, value_type adj, index_t i) const {
+    const value_type va = value_type(rec.a.v), vb = value_type(rec.b.v);
+    a_.bwd_flat(rec.a, adj * f_.d0(va, vb), i);
+    b_.bwd_flat(rec.b, adj * f_.d1(va, vb), i);
+  }
+  bool flat_ok() const { return a_.flat_ok() && b_.flat_ok(); }
 
  private:
   F f_;
@@ -203,6 +235,19 @@ class Diff<Ternary<F, A, B, C>> {
     b_.bwd(rec.b, adj * f_.d1(va, vb, vc), r, c);
     c_.bwd(rec.c, adj * f_.d2(va, vb, vc), r, c);
   }
+  KILN_HOST_DEVICE Rec fwd_flat(index_t i) const {
+    const auto ra = a_.fwd_flat(i);
+    const auto rb = b_.fwd_flat(i);
+    const auto rc = c_.fwd_flat(i);
+    return {f_(value_type(ra.v), value_type(rb.v), value_type(rc.v)), ra, rb, rc};
+  }
+  KILN_HOST_DEVICE void bwd_flat(const Rec& rec, value_type adj, index_t i) const {
+    const value_type va = value_type(rec.a.v), vb = value_type(rec.b.v), vc = value_type(rec.c.v);
+    a_.bwd_flat(rec.a, adj * f_.d0(va, vb, vc), i);
+    b_.bwd_flat(rec.b, adj * f_.d1(va, vb, vc), i);
+    c_.bwd_flat(rec.c, adj * f_.d2(va, vb, vc), i);
+  }
+  bool flat_ok() const { return a_.flat_ok() && b_.flat_ok() && c_.flat_ok(); }
 
  private:
   F f_;
@@ -229,20 +274,46 @@ class Diff<Cast<To, A>> {
   KILN_HOST_DEVICE void bwd(const Rec& rec, value_type adj, index_t r, index_t c) const {
     a_.bwd(rec.a, typename Diff<A>::value_type(adj), r, c);
   }
+  KILN_HOST_DEVICE Rec fwd_flat(index_t i) const {
+    const auto ra = a_.fwd_flat(i);
+    return {convert<value_type>(convert<To>(ra.v)), ra};
+  }
+  KILN_HOST_DEVICE void bwd_flat(const Rec& rec, value_type adj, index_t i) const {
+    a_.bwd_flat(rec.a, typename Diff<A>::value_type(adj), i);
+  }
+  bool flat_ok() const { return a_.flat_ok(); }
 
  private:
   Diff<A> a_;
 };
 
-// The fused backward kernel: for each element, forward record then chain rule.
+// The fused backward kernel: for each element, forward record then chain rule. flat: launched
+// as one row of every element (diff.flat_ok(); see the top of this file), c the flat index.
 template <class E, class G>
 struct MapBackwardKernel {
   Diff<E> diff;
   const G* grad_out;
   index_t cols;
+  bool flat = false;
   KILN_HOST_DEVICE void operator()(index_t r, index_t c) const {
+    using V = typename Diff<E>::value_type;
+    if (flat) {
+      const auto rec = diff.fwd_flat(c);
+      diff.bwd_flat(rec, V(grad_out[c]), c);
+      return;
+    }
     const auto rec = diff.fwd(r, c);
-    diff.bwd(rec, typename Diff<E>::value_type(grad_out[r * cols + c]), r, c);
+    diff.bwd(rec, V(grad_out[r * cols + c]), r, c);
+  }
+  // Elements [b, e) of a flat launch, for a backend that runs a range at once (the CPU). On a
+  // private copy of the kernel the compiler keeps its pointers and flags in registers and
+  // vectorises the loop (checking at run time that the gradients it writes do not overlap what it
+  // reads), so ReLU's x > 0 becomes a blend, not a branch per element the predictor cannot learn.
+  void run_flat(index_t b, index_t e) const {
+    using V = typename Diff<E>::value_type;
+    const Diff<E> d = diff;
+    const G* go = grad_out;
+    for (index_t i = b; i < e; ++i) d.bwd_flat(d.fwd_flat(i), V(go[i]), i);
   }
 };
 

@@ -58,7 +58,8 @@ struct MapBackwardStep {
     if (!out->grad_valid) return;  // nothing flowed back into this result
     BackwardPlan<Exec> plan{exec, {}, {}, {}, {}};
     MapBackwardKernel<E, T> k{Diff<E>(e, shape, plan), static_cast<const T*>(out->ensure_grad_data()), shape.cols()};
-    exec.for_each_element(shape.rows(), shape.cols(), k, kind::elementwise,
+    k.flat = k.diff.flat_ok();
+    exec.for_each_element(k.flat ? 1 : shape.rows(), k.flat ? shape.size() : shape.cols(), k, kind::elementwise,
                           exec.stats().recording() ? "backward" + describe_launch(e, exec).substr(5) : "backward",
                           std::size_t(shape.size()) * sizeof(T) * 2);
     plan.finish();

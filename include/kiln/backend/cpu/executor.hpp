@@ -236,6 +236,9 @@ class CpuExecutor {
     stats_.count(k, name, rows * cols, bytes);
     if (rows == 1) {
       parallel_for(cols, grain, [&](index_t cb, index_t ce) {
+        if constexpr (requires { kernel.run_flat(cb, ce); }) {
+          if (kernel.flat) return kernel.run_flat(cb, ce);
+        }
         for (index_t c = cb; c < ce; ++c) kernel(index_t(0), c);
       });
       return;
