@@ -1,13 +1,27 @@
 // bench/resnet50_step — a ResNet-50 written as a user writes it (kiln::models::ResNet50, torchvision's
 // layout, its stages as nn::Repeat) trained on the CPU: forward, cross-entropy, backward and AdamW
-// on random images, one policy. It is also the compile-time budget's ResNet-50 row
-// (bench/compile_time, README "Compile time"): a deep convnet's program must build in seconds.
+// on random images, one policy, side by side with PyTorch's same step (bench/torch_resnet_step.py:
+// torchvision's resnet50, eager and torch.compile, contiguous and channels_last, each in its own
+// process) run BEFORE kiln's, with the same --threads, --batch and --train-from. It is also the
+// compile-time budget's ResNet-50 row (bench/compile_time, README "Compile time"): a deep
+// convnet's program must build in seconds.
 //
-// Output, one JSON line: bench, model, size (224: the images' side, fixed in the model's type, as
-// a program has one), batch, threads, step_ms (median over --steps after one warm-up step),
-// images_per_s, kernels_per_step (measured) and predicted (from the model's type).
+// --train-from conv1 trains everything; layer4 fine-tunes (conv1, bn1 and layer1-3 frozen with
+// nn::freeze: no gradients below layer4, their batch norms on running statistics; AdamW over the
+// rest), as examples/finetune_resnet and the peer do.
 //
-//   build/bench/resnet50_step [--threads 1] [--batch 2] [--steps 3]
+// Output, JSON lines: the peer's lines first; then kiln's: bench, model, size (224: the images'
+// side, fixed in the model's type, as a program has one), batch, threads, train_from, step_ms
+// (median over --steps after one warm-up step), images_per_s, kernels_per_step (measured) and
+// predicted (from the model's type), peak_rss_mib (this process's peak resident memory: model,
+// gradients, AdamW state and the step's buffers, as the peer's line counts its own); per peer
+// one line with peer_ms and speedup (peer_ms / kiln_ms); last a summary: kiln_ms, fastest_peer,
+// fastest_peer_ms, kiln_faster.
+//
+//   build/bench/resnet50_step [--threads 1] [--batch 2] [--steps 3] [--train-from conv1|layer4]
+//                             [--python PY|none]
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,9 +31,10 @@
 // One policy, the fused stance: the ops' force_eager forms are not compiled (kiln/config.hpp).
 #define KILN_FORCE_EAGER_FORMS 0
 #include "kiln/models/resnet.hpp"
+#include "kiln/nn/freeze.hpp"
 #include "kiln/train.hpp"
 
-#include "timing.hpp"
+#include "mlp_step.hpp"
 
 namespace {
 
@@ -28,9 +43,27 @@ using kiln::index_t;
 constexpr index_t Size = 224;
 using Model = kiln::models::ResNet50<10, Size>;
 
-void run(index_t batch, int threads, int steps) {
+struct Peer {
+  std::string name;
+  double ms;
+};
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+void run(index_t batch, int threads, int steps, const std::string& train_from, const std::vector<Peer>& peers) {
   kiln::CpuExecutor exec(threads);
   Model model(0);
+  if (train_from == "layer4") {  // everything before layer4 (the unnamed ReLU and pool hold nothing)
+    kiln::nn::freeze(model.layer<1>());  // conv1
+    kiln::nn::freeze(model.layer<2>());  // bn1
+    kiln::nn::freeze(model.layer<5>());  // layer1
+    kiln::nn::freeze(model.layer<6>());  // layer2
+    kiln::nn::freeze(model.layer<7>());  // layer3
+  }
   kiln::optim::AdamW opt(model, {.lr = 1e-3});
   kiln::train::Step step(model, opt, exec);
   const index_t dim = Model::in_features;
@@ -52,9 +85,22 @@ void run(index_t batch, int threads, int steps) {
   const auto rep = kiln::train::report(step);
   const double median = kiln_bench::median(ms);
   std::printf("{\"bench\":\"resnet50_step\",\"model\":\"resnet50\",\"size\":%lld,\"batch\":%lld,\"threads\":%d,"
-              "\"step_ms\":%.2f,\"images_per_s\":%.2f,\"kernels_per_step\":%.0f,\"predicted\":%lld}\n",
-              (long long)Size, (long long)batch, threads, median, double(batch) / (median / 1e3), rep.kernels_per_step,
-              (long long)rep.predicted);
+              "\"train_from\":\"%s\",\"step_ms\":%.2f,\"images_per_s\":%.2f,\"kernels_per_step\":%.0f,"
+              "\"predicted\":%lld,\"peak_rss_mib\":%.1f}\n",
+              (long long)Size, (long long)batch, threads, train_from.c_str(), median, double(batch) / (median / 1e3),
+              rep.kernels_per_step, (long long)rep.predicted, peak_rss_mib());
+  const Peer* fastest = nullptr;
+  for (const Peer& p : peers) {
+    std::printf("{\"bench\":\"resnet50_step\",\"batch\":%lld,\"threads\":%d,\"train_from\":\"%s\",\"kiln_ms\":%.2f,"
+                "\"peer\":\"%s\",\"peer_ms\":%.2f,\"speedup\":%.3f}\n",
+                (long long)batch, threads, train_from.c_str(), median, p.name.c_str(), p.ms, p.ms / median);
+    if (!fastest || p.ms < fastest->ms) fastest = &p;
+  }
+  if (fastest)
+    std::printf("{\"bench\":\"resnet50_step\",\"summary\":true,\"batch\":%lld,\"threads\":%d,\"train_from\":\"%s\","
+                "\"kiln_ms\":%.2f,\"fastest_peer\":\"%s\",\"fastest_peer_ms\":%.2f,\"kiln_faster\":%s}\n",
+                (long long)batch, threads, train_from.c_str(), median, fastest->name.c_str(), fastest->ms,
+                median < fastest->ms ? "true" : "false");
 }
 
 }  // namespace
@@ -62,14 +108,19 @@ void run(index_t batch, int threads, int steps) {
 int main(int argc, char** argv) {
   int threads = 1, steps = 3;
   index_t batch = 2;
+  std::string train_from = "conv1", python = kiln_bench::default_python();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const long long v = std::atoll(argv[i + 1]);
     if (flag == "--threads") threads = int(v);
     else if (flag == "--batch") batch = v;
     else if (flag == "--steps") steps = int(v);
+    else if (flag == "--train-from") train_from = argv[i + 1];
+    else if (flag == "--python") python = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: resnet50_step [--threads N] [--batch N] [--steps N]\n");
+      std::fprintf(stderr,
+                   "usage: resnet50_step [--threads N] [--batch N] [--steps N] [--train-from conv1|layer4] "
+                   "[--python PY|none]\n");
       return 1;
     }
   }
@@ -77,6 +128,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "resnet50_step: --threads, --batch and --steps must be positive\n");
     return 1;
   }
-  run(batch, threads, steps);
+  if (train_from != "conv1" && train_from != "layer4") {
+    std::fprintf(stderr, "resnet50_step: --train-from is conv1 (all layers) or layer4 (fine-tuning), got %s\n",
+                 train_from.c_str());
+    return 1;
+  }
+  std::vector<Peer> peers;
+  if (python != "none") {
+    const std::string args = "--batch " + std::to_string(batch) + " --threads " + std::to_string(threads) +
+                             " --steps " + std::to_string(steps) + " --train-from " + train_from;
+    const auto lines = kiln_bench::peer_lines(python, "torch_resnet_step.py", args);
+    if (lines.empty())
+      std::printf("{\"bench\":\"resnet50_step\",\"peer\":\"torch\",\"skipped\":\"%s printed nothing\"}\n",
+                  python.c_str());
+    for (const auto& l : lines) {
+      std::printf("%s\n", l.c_str());
+      const std::string ms = kiln_bench::json_field(l, "step_ms");
+      if (!ms.empty() && ms != "null") peers.push_back({kiln_bench::json_field(l, "peer"), std::atof(ms.c_str())});
+    }
+    std::fflush(stdout);
+  }
+  run(batch, threads, steps, train_from, peers);
   return 0;
 }
