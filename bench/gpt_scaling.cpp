@@ -87,6 +87,7 @@ void generation(int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::set_host_cache_limit(0);  // peaks of live memory: no freed blocks kept for reuse (core/host_block_cache.hpp)
   int threads = 1;
   for (int i = 1; i + 1 < argc; i += 2)
     if (std::string(argv[i]) == "--threads") threads = std::atoi(argv[i + 1]);

@@ -74,6 +74,7 @@ void measure(index_t batch, bool finetune, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::set_host_cache_limit(0);  // the heap's peak as the plan models it: live blocks, none kept for reuse
   std::string batches = "2,8,16", modes = "train,finetune", precisions = "fp32,bf16_mixed";
   int threads = 2;
   for (int i = 1; i + 1 < argc; i += 2) {

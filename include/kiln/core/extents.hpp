@@ -39,7 +39,9 @@ struct Shape {
 
   constexpr index_t size() const {
     index_t n = 1;
-    for (int i = 0; i < rank; ++i) n *= dims[std::size_t(i)];
+    // rank <= max_rank always; saying so keeps GCC's -Wmaybe-uninitialized from imagining dims[4]
+    // where a tensor's destructor computes its size.
+    for (int i = 0; i < rank && i < max_rank; ++i) n *= dims[std::size_t(i)];
     return n;
   }
   // The 2-D fold every elementwise kernel iterates over: all leading dims are rows.

@@ -1,5 +1,6 @@
 // kiln/core/memory.hpp — how each memory space allocates; host memory is 64-byte aligned so
-// vector loads never straddle cache lines.
+// vector loads never straddle cache lines, and freed host blocks of 128 KiB and up are kept for
+// the next allocation of their size (kiln/core/host_block_cache.hpp: what it saves and bounds).
 #pragma once
 
 #include <cstddef>
@@ -7,6 +8,7 @@
 #include <new>
 
 #include "kiln/core/error.hpp"
+#include "kiln/core/host_block_cache.hpp"
 #include "kiln/core/host_graph_pool.hpp"
 #include "kiln/core/space.hpp"
 
@@ -28,10 +30,15 @@ struct memory_traits<host> {
     if (bytes == 0) return nullptr;
     // While a step is captured on this thread its buffers stay put (kiln/core/host_graph_pool.hpp).
     if (detail::HostGraphPool* pool = detail::capturing_host_pool()) return detail::allocate_from_host_pool(*pool, bytes);
+    if (bytes >= detail::HostBlockCache::min_bytes)
+      if (void* kept = detail::HostBlockCache::get().take(bytes, alignment)) return kept;
     return ::operator new(bytes, std::align_val_t(alignment));
   }
-  static void deallocate(void* p, std::size_t /*bytes*/) noexcept {
-    if (p && !detail::return_to_host_pool(p)) ::operator delete(p, std::align_val_t(alignment));
+  // bytes: what allocate was given.
+  static void deallocate(void* p, std::size_t bytes) noexcept {
+    if (!p || detail::return_to_host_pool(p)) return;
+    if (bytes >= detail::HostBlockCache::min_bytes && detail::HostBlockCache::get().give(p, bytes, alignment)) return;
+    ::operator delete(p, std::align_val_t(alignment));
   }
   // Copies bytes of this space into host memory (Var::item()).
   static void copy_to_host(void* dst, const void* src, std::size_t bytes) {

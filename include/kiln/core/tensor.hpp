@@ -98,6 +98,7 @@ class Tensor {
   }
   void allocate() { data_ = static_cast<T*>(memory_traits<Space>::allocate(bytes())); }
   void release() noexcept {
+    if (data_ == nullptr) return;  // empty or moved from: no size to compute
     memory_traits<Space>::deallocate(data_, bytes());
     data_ = nullptr;
   }
