@@ -52,6 +52,9 @@ namespace detail {
 class HostBlockCache {
  public:
   static constexpr std::size_t min_bytes = std::size_t(128) << 10;  // glibc's first mmap threshold
+  // Every host block's alignment (memory_traits<host>::alignment, which kiln/core/memory.hpp
+  // checks is the same): blocks differ only in size.
+  static constexpr std::size_t alignment = 64;
   // False under AddressSanitizer: a freed block goes back to the sanitizer, which catches its use.
   static constexpr bool keeps_by_default =
 #if defined(__SANITIZE_ADDRESS__)
@@ -75,11 +78,11 @@ class HostBlockCache {
   // A kept block of exactly `bytes`, or nullptr; counts the block as in use either way (the
   // caller allocates it itself on nullptr). requires: bytes >= min_bytes. Out of line, as give:
   // every tensor's constructor inlines the allocation, which should stay a call.
-  [[gnu::noinline]] void* take(std::size_t bytes, std::size_t alignment) {
+  [[gnu::noinline]] void* take(std::size_t bytes) {
     std::lock_guard guard(lock_);
     in_use_ += bytes;
     peak_in_use_ = std::max(peak_in_use_, in_use_);
-    const auto it = free_.find(Key{bytes, alignment});
+    const auto it = free_.find(bytes);
     if (it == free_.end() || it->second.empty()) {
       ++misses_;
       return nullptr;
@@ -94,12 +97,12 @@ class HostBlockCache {
 
   // Keeps p (a block of `bytes` from take's caller) when the limit allows; false: the caller frees
   // it (also when keeping it would need memory the system refuses: called from deallocation).
-  [[gnu::noinline]] bool give(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[gnu::noinline]] bool give(void* p, std::size_t bytes) noexcept {
     std::lock_guard guard(lock_);
     in_use_ -= std::min(in_use_, bytes);
     if (kept_ + bytes > limit_now()) return false;
     try {
-      free_[Key{bytes, alignment}].push_back(p);
+      free_[bytes].push_back(p);
     } catch (...) {
       return false;
     }
@@ -121,8 +124,8 @@ class HostBlockCache {
   // Frees every kept block.
   void release() {
     std::lock_guard guard(lock_);
-    for (auto& [key, blocks] : free_)
-      for (void* p : blocks) ::operator delete(p, std::align_val_t(key.alignment));
+    for (auto& sized : free_)
+      for (void* p : sized.second) ::operator delete(p, std::align_val_t(alignment));
     free_.clear();
     kept_ = 0;
     blocks_ = 0;
@@ -134,14 +137,6 @@ class HostBlockCache {
   }
 
  private:
-  struct Key {
-    std::size_t bytes, alignment;
-    bool operator==(const Key&) const = default;
-  };
-  struct KeyHash {
-    std::size_t operator()(const Key& k) const noexcept { return k.bytes * 31 + k.alignment; }
-  };
-
   HostBlockCache() = default;
 
   std::size_t limit_now() const { return limit_set_ ? limit_ : keeps_by_default ? peak_in_use_ : 0; }
@@ -153,17 +148,17 @@ class HostBlockCache {
     while (kept_ > limit) {
       auto largest = free_.end();
       for (auto it = free_.begin(); it != free_.end(); ++it)
-        if (!it->second.empty() && (largest == free_.end() || it->first.bytes > largest->first.bytes)) largest = it;
+        if (!it->second.empty() && (largest == free_.end() || it->first > largest->first)) largest = it;
       if (largest == free_.end()) break;
-      ::operator delete(largest->second.back(), std::align_val_t(largest->first.alignment));
+      ::operator delete(largest->second.back(), std::align_val_t(alignment));
       largest->second.pop_back();
-      kept_ -= largest->first.bytes;
+      kept_ -= largest->first;
       --blocks_;
     }
   }
 
   std::mutex lock_;
-  std::unordered_map<Key, std::vector<void*>, KeyHash> free_;
+  std::unordered_map<std::size_t, std::vector<void*>> free_;  // by block size
   std::size_t kept_ = 0, blocks_ = 0, in_use_ = 0, peak_in_use_ = 0, limit_ = 0, hits_ = 0, misses_ = 0;
   bool limit_set_ = false;
 };
