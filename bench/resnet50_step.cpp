@@ -14,12 +14,15 @@
 // side, fixed in the model's type, as a program has one), batch, threads, train_from, step_ms
 // (median over --steps after one warm-up step), images_per_s, kernels_per_step (measured) and
 // predicted (from the model's type), peak_rss_mib (this process's peak resident memory: model,
-// gradients, AdamW state and the step's buffers, as the peer's line counts its own); per peer
+// gradients, AdamW state and the step's buffers, as the peer's line counts its own),
+// peak_tensors_mib (the most bytes of host blocks of 128 KiB and up live at once: the tensors,
+// without what the host block cache keeps) and cache_kept_mib (what it keeps at the end); per peer
 // one line with peer_ms and speedup (peer_ms / kiln_ms); last a summary: kiln_ms, fastest_peer,
 // fastest_peer_ms, kiln_faster.
 //
 //   build/bench/resnet50_step [--threads 1] [--batch 2] [--steps 3] [--train-from conv1|layer4]
-//                             [--python PY|none]
+//                             [--python PY|none] [--host-cache on|off]
+// (--host-cache off: nothing kept for reuse, kiln/core/host_block_cache.hpp)
 #include <sys/resource.h>
 
 #include <chrono>
@@ -86,9 +89,11 @@ void run(index_t batch, int threads, int steps, const std::string& train_from, c
   const double median = kiln_bench::median(ms);
   std::printf("{\"bench\":\"resnet50_step\",\"model\":\"resnet50\",\"size\":%lld,\"batch\":%lld,\"threads\":%d,"
               "\"train_from\":\"%s\",\"step_ms\":%.2f,\"images_per_s\":%.2f,\"kernels_per_step\":%.0f,"
-              "\"predicted\":%lld,\"peak_rss_mib\":%.1f}\n",
+              "\"predicted\":%lld,\"peak_rss_mib\":%.1f,\"peak_tensors_mib\":%.1f,\"cache_kept_mib\":%.1f}\n",
               (long long)Size, (long long)batch, threads, train_from.c_str(), median, double(batch) / (median / 1e3),
-              rep.kernels_per_step, (long long)rep.predicted, peak_rss_mib());
+              rep.kernels_per_step, (long long)rep.predicted, peak_rss_mib(),
+              double(kiln::host_cache_stats().peak_in_use_bytes) / (1 << 20),
+              double(kiln::host_cache_stats().kept_bytes) / (1 << 20));
   const Peer* fastest = nullptr;
   for (const Peer& p : peers) {
     std::printf("{\"bench\":\"resnet50_step\",\"batch\":%lld,\"threads\":%d,\"train_from\":\"%s\",\"kiln_ms\":%.2f,"
@@ -117,10 +122,11 @@ int main(int argc, char** argv) {
     else if (flag == "--steps") steps = int(v);
     else if (flag == "--train-from") train_from = argv[i + 1];
     else if (flag == "--python") python = argv[i + 1];
+    else if (flag == "--host-cache" && std::string(argv[i + 1]) == "off") kiln::set_host_cache_limit(0);
     else {
       std::fprintf(stderr,
                    "usage: resnet50_step [--threads N] [--batch N] [--steps N] [--train-from conv1|layer4] "
-                   "[--python PY|none]\n");
+                   "[--python PY|none] [--host-cache on|off]\n");
       return 1;
     }
   }

@@ -16,6 +16,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,32 @@ TEST_CASE("tape: a graph lives as long as its result; steps from a destroyed tap
   second.backward(nn::cross_entropy(second, logits, labels));
   CHECK(a.layer<0>().weight().has_grad());
   CHECK(a.layer<0>().bias().has_grad());
+}
+
+TEST_CASE("tape: backward frees each result as soon as its step ran, not at the end; held results stay") {
+  // PyTorch's order: by the time the first layer's gradients are final, the second layer's
+  // output (whose step ran earlier) is gone with its gradient, so activations and gradients are
+  // not all alive together at backward's peak. A result the caller holds keeps value and gradient.
+  CpuExecutor exec(1);
+  nn::Linear<4, 3> first(1);
+  nn::Linear<3, 3> second(2);
+  Tape tape(exec);
+  auto h = first.forward(tape, input());
+  auto y = second.forward(tape, h);
+  const std::weak_ptr<ag::VarNode> y_node = y.data();
+  auto loss = nn::cross_entropy(tape, y, labels);
+  y = {};
+  bool y_gone_when_first_ready = false, checked = false;
+  tape.backward(loss, {.on_leaf_ready = [&](ag::VarNode& leaf) {
+                  if (&leaf != first.weight().data().get()) return;
+                  checked = true;
+                  y_gone_when_first_ready = y_node.expired();
+                }});
+  CHECK(checked);
+  CHECK(y_gone_when_first_ready);
+  REQUIRE(h.has_grad());  // held by the caller: its gradient is still there
+  CHECK(h.grad().size() == 6);
+  CHECK(first.weight().has_grad());
 }
 
 TEST_CASE("tape: evaluation forwards whose results are dropped leave nothing behind and do not warn") {

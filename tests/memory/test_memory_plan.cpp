@@ -154,5 +154,7 @@ TEST_CASE("a fine-tune's plan counts no gradients or optimizer state for frozen 
   kiln::nn::freeze(model.layer<5>());
   kiln::nn::freeze(model.layer<6>());
   const auto top = kiln::train::plan_memory<kiln::optim::AdamW<>>(model, {});
-  CHECK(top.per_sample < full.per_sample / 4);  // only layer4 and the head keep activations
+  // Only layer4 and the head keep activations; the frozen layers' largest transient stays (a
+  // third: training's own figure holds values, and only the gradients alive at one step).
+  CHECK(top.per_sample < full.per_sample / 3);
 }

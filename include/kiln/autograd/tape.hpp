@@ -173,7 +173,10 @@ class Tape {
                "{.retain_graph = true} to the first backward()");
     KILN_CHECK(loss.requires_grad(), ValueError,
                "backward(): the loss does not depend on any variable that requires a gradient");
-    const std::vector<Visit> steps = collect(loss.data());
+    std::vector<Visit> steps = collect(loss.data());
+    // Which steps this backward frees once they ran (all of them unless retain_graph or another
+    // loss's unrun steps share them); decided up front so each goes as soon as it ran.
+    const std::vector<bool> freed = options.retain_graph ? std::vector<bool>(steps.size(), false) : releasable(steps);
     // Gradients of intermediate results hold this backward's contributions only.
     for (const Visit& v : steps) v.node->grad_valid = false;
     T* g = root.ensure_grad();
@@ -187,7 +190,8 @@ class Tape {
       for (const Visit& v : steps)
         for (const auto& in : v.step->inputs)
           if (in->requires_grad && !in->grad_fn) ++writers[in.get()];
-    for (const Visit& v : steps) {
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      Visit& v = steps[i];
       Step& step = static_cast<Step&>(*v.step);
       if (step.region.empty()) {
         step.run(*exec_);
@@ -200,8 +204,13 @@ class Tape {
       if (options.on_leaf_ready)
         for (const auto& in : step.inputs)
           if (in->requires_grad && !in->grad_fn && --writers[in.get()] == 0) options.on_leaf_ready(*in);
+      // Every consumer of this result ran before its step, so nothing of this backward reads its
+      // value or gradient again: releasing the step now drops the activations it saved and the
+      // inputs it held, and the result itself (with its gradient) unless the caller still holds
+      // it — PyTorch's order, so the activations and the gradients are not alive together at the
+      // peak of backward.
+      if (freed[i]) release(v);
     }
-    if (!options.retain_graph) release(steps);
     largest_graph_ = std::max(largest_graph_, steps.size());
   }
 
@@ -281,10 +290,10 @@ class Tape {
     return steps;
   }
 
-  // Frees each step that ran unless a step that did not run still consumes its result. Steps run
-  // consumers first, so one pass in that order decides: a result may go when every consumer of
-  // it is a step released here.
-  static void release(const std::vector<Visit>& steps) {
+  // Which steps may be freed once they ran: each unless a step that does not run in this backward
+  // still consumes its result. Steps run consumers first, so one pass in that order decides: a
+  // result may go when every consumer of it is a step released here.
+  static std::vector<bool> releasable(const std::vector<Visit>& steps) {
     std::vector<bool> freed(steps.size(), false);
     std::unordered_map<const VarNode*, std::size_t> released_consumers;
     for (std::size_t i = 0; i < steps.size(); ++i) {
@@ -293,14 +302,18 @@ class Tape {
       freed[i] = true;
       for (const auto& in : steps[i].step->inputs) ++released_consumers[in.get()];
     }
-    for (std::size_t i = 0; i < steps.size(); ++i) {
-      if (!freed[i]) continue;
-      VarNode& node = *steps[i].node;
-      node.grad_fn.reset();  // the step itself dies with `steps`
-      node.graph_freed = true;
-      node.fold.reset();  // the producer's offer (and its saved buffers) can no longer be taken
-      node.fold_key = nullptr;
-    }
+    return freed;
+  }
+
+  // Frees a step that ran, and lets go of its result (which dies here unless held elsewhere).
+  static void release(Visit& v) {
+    VarNode& node = *v.node;
+    v.step.reset();
+    node.grad_fn.reset();  // the step dies here: its saved buffers and its hold on its inputs
+    node.graph_freed = true;
+    node.fold.reset();  // the producer's offer (and its saved buffers) can no longer be taken
+    node.fold_key = nullptr;
+    v.node.reset();
   }
 
   Exec* exec_;

@@ -140,6 +140,29 @@ class BatchNorm2d {
     return run<typename Act::functor>(tape, x);
   }
 
+  // y = act(bn(x) + r): a skip connection's sum (and its activation) in the normalising pass,
+  // one kernel forward — nn::Residual runs a body ending in a batch norm this way. Act is
+  // fn::Identity or fn::Relu, whose derivative backward reads from y (y > 0), so neither bn(x)
+  // nor the sum is ever stored; backward is one pass for dz = dy * act'(y) (r's gradient) and
+  // batch norm's own backward on dz. Y is the result's variable type (the caller's, so fused and
+  // unfused forms of a block have one type); r has x's shape. The CPU only: a device, and
+  // stance::force_eager, run the unfused form (nn::Residual decides).
+  template <class Act, class Y, class Exec, class X, index_t B, index_t D1, index_t D2, index_t D3, class R>
+    requires(accepts_input<X> && std::is_same_v<Space, host> &&
+             (std::is_same_v<Act, fn::Identity> || std::is_same_v<Act, fn::Relu>))
+  Y forward_residual(ag::Tape<Exec>& tape, const ag::Var<X, Space, B, D1, D2, D3>& x, const R& r) const {
+    static_assert(std::is_same_v<typename R::value_type, X> && std::is_same_v<typename Y::value_type, X>,
+                  "kiln::nn::BatchNorm2d::forward_residual: the residual, the input and the result must have one "
+                  "element type");
+    KILN_CHECK(r.shape() == x.shape(), ShapeError, "BatchNorm2d<", C, ">::forward_residual: the residual has shape ",
+               r.shape().str(), " but the input has shape ", x.shape().str(), "; they must agree");
+    return run<Act, Y>(tape, x, &r);
+  }
+  static constexpr bool fuses_residual = true;
+  // A fused activation's backward recomputes the pre-activation from x and the statistics: no
+  // copy is kept (what the memory planner counts).
+  static constexpr bool recomputes_pre_activation = true;
+
   void train(bool on = true) { training_ = on; }
   void eval() { train(false); }
   bool training() const { return training_; }
@@ -189,8 +212,11 @@ class BatchNorm2d {
     return space_ops<Space>::from_host(std::move(t));
   }
 
-  template <class F, class Exec, class XT, index_t B, index_t D1, index_t D2, index_t D3>
-  auto run(ag::Tape<Exec>& tape, const ag::Var<XT, Space, B, D1, D2, D3>& x) const {
+  // The layer's forward: y = F(bn(x)), or F(bn(x) + *r) with a residual r (R a variable type;
+  // void: none). Y is the result's type (void: the layer's own).
+  template <class F, class Y = void, class R = void, class Exec, class XT, index_t B, index_t D1, index_t D2,
+            index_t D3>
+  auto run(ag::Tape<Exec>& tape, const ag::Var<XT, Space, B, D1, D2, D3>& x, const R* r = nullptr) const {
     static_assert(std::is_same_v<Space, typename Exec::space>,
                   "kiln::nn::BatchNorm2d: the input must live in the executor's memory space");
     // bf16 / f16 activations: the kernels run on widened copies (nn/half_io.hpp).
@@ -198,7 +224,12 @@ class BatchNorm2d {
     static_assert(!half || std::is_same_v<Space, host>,
                   "kiln::nn::BatchNorm2d: bf16 / f16 activations run on the CPU so far (the device's half-precision "
                   "convnet path is not written yet): use fp32 or tf32 on the device");
-    using Out = image_var_t<XT, Space, B, output_sample<image_sample_t<Layout, D1, D2, D3>>, Layout>;
+    constexpr bool res = !std::is_void_v<R>;
+    using Out = std::conditional_t<std::is_void_v<Y>,
+                                   image_var_t<XT, Space, B, output_sample<image_sample_t<Layout, D1, D2, D3>>, Layout>,
+                                   Y>;
+    // With a residual the activation runs after the sum, in the kernels' residual form; backward
+    // takes its derivative from the output.
     using Act = detail::bn_activation<F>;
     using K = detail::bn_kernels<Layout>;
     constexpr bool nhwc = Layout == layout::nhwc;
@@ -213,28 +244,38 @@ class BatchNorm2d {
         tape.exec().stats().host_state("batch norm's count of batches");
         ++buffers_->batches_tracked;
       }
-      return detail::empty_batch_output<Out>(tape, s, x, weight_.data(), bias_.data());
+      if constexpr (res) return detail::empty_batch_output<Out>(tape, s, x, weight_.data(), bias_.data(), r->data());
+      else return detail::empty_batch_output<Out>(tape, s, x, weight_.data(), bias_.data());
     }
     Out out{typename Out::tensor_type(s)};
     if constexpr (!std::is_same_v<Space, host>) {
+      static_assert(!res, "kiln::nn::BatchNorm2d: the residual form runs on the CPU only");
       if constexpr (!half) run_device<F>(tape, x, out, n, hw);
     } else {
       const int threads = tape.exec().threads();
       const std::size_t bytes = std::size_t(s.size()) * sizeof(XT) * 2;
-      std::vector<float> x_wide, y_wide;  // half-precision activations: the kernels' float copies
+      std::vector<float> x_wide, y_wide, r_wide;  // half-precision activations: the kernels' float copies
       const T* xin = nullptr;
+      const T* rin = nullptr;
       T* yout = nullptr;
       if constexpr (half) {
         x_wide = detail::widened(x.value().data(), s.size(), threads);
         y_wide.resize(std::size_t(s.size()));
         xin = x_wide.data();
         yout = y_wide.data();
+        if constexpr (res) {
+          r_wide = detail::widened(r->value().data(), s.size(), threads);
+          rin = r_wide.data();
+        }
       } else {
         xin = x.value().data();
         yout = out.value().data();
+        if constexpr (res) rin = r->value().data();
       }
-      const std::string name = is_identity_act_v<F> ? std::string("batch_norm") : std::string("batch_norm+") + F::name;
-      tape.exec().stats().count(kind::norm, name, s.size(), bytes);
+      std::string name = "batch_norm";
+      if constexpr (res) name += "+add";
+      if constexpr (!is_identity_act_v<F>) name.append("+").append(F::name);
+      tape.exec().stats().count(kind::norm, name, s.size(), res ? bytes * 3 / 2 : bytes);
       const bool train = updates_statistics();
       // Batch mean and invstd per channel (training), kept for backward.
       auto saved = std::make_shared<std::vector<T>>(train ? std::size_t(2 * C) : 0);
@@ -242,16 +283,17 @@ class BatchNorm2d {
       if (train) {
         K::train_forward(n, C, hw, xin, weight_.value().data(), bias_.value().data(), eps_, momentum_,
                          buf.running_mean.data(), buf.running_var.data(), yout, saved->data(), saved->data() + C,
-                         threads, Act{});
+                         threads, Act{}, rin);
         tape.exec().stats().host_state("batch norm's count of batches");
         ++buf.batches_tracked;
       } else {
         K::eval_forward(n, C, hw, xin, weight_.value().data(), bias_.value().data(), eps_, buf.running_mean.data(),
-                        buf.running_var.data(), yout, threads, Act{});
+                        buf.running_var.data(), yout, threads, Act{}, rin);
       }
       if constexpr (half) detail::store_rounded(out.value().data(), yout, s.size(), false, threads);
       const auto wd = weight_.data(), bd = bias_.data();
-      const bool any = x.requires_grad() || wd->requires_grad || bd->requires_grad;
+      bool any = x.requires_grad() || wd->requires_grad || bd->requires_grad;
+      if constexpr (res) any = any || r->requires_grad();
       if (!any || !tape.recording()) return out;
       out.set_requires_grad(true);
       // Eval mode reads the running statistics as they are now: copy them, so an optimizer step or
@@ -260,9 +302,17 @@ class BatchNorm2d {
         saved->assign(buf.running_mean.data(), buf.running_mean.data() + C);
         saved->insert(saved->end(), buf.running_var.data(), buf.running_var.data() + C);
       }
-      tape.record(out, {x.data(), wd, bd},
-                  [xd = x.data(), wd, bd, saved, train, n, hw, eps = eps_, bytes, name](Exec& exec, auto& od) {
+      std::vector<std::shared_ptr<ag::VarNode>> inputs{x.data(), wd, bd};
+      std::shared_ptr<ag::VarNode> rd;
+      if constexpr (res) inputs.push_back(rd = r->data());
+      tape.record(out, std::move(inputs),
+                  [xd = x.data(), wd, bd, rd, saved, train, n, hw, eps = eps_, bytes, name](Exec& exec, auto& od) {
                     if (!od.grad_valid) return;
+                    // The residual form: dz = dy * act'(y) once, r's gradient and the normalisation's.
+                    std::vector<float> dz_wide;
+                    std::vector<T> dz_own;
+                    const T* dz = nullptr;
+                    if constexpr (res) dz = residual_backward<F, half>(exec, od, *rd, xd.get(), n * C * hw, dz_own, dz_wide);
                     exec.stats().count(kind::norm, name + "_backward", n * C * hw, bytes * 2);
                     const bool want_dx = xd->requires_grad;
                     const bool add_x = want_dx && xd->grad_valid;
@@ -279,20 +329,22 @@ class BatchNorm2d {
                     const T* G = nullptr;
                     if constexpr (half) {
                       x_wide = detail::widened(xd->value.data(), n * C * hw, exec.threads());
-                      g_wide = detail::widened(od.grad.data(), n * C * hw, exec.threads());
+                      if constexpr (!res) g_wide = detail::widened(od.grad.data(), n * C * hw, exec.threads());
                       X = x_wide.data();
-                      G = g_wide.data();
+                      G = res ? dz : g_wide.data();
                     } else {
                       X = xd->value.data();
-                      G = od.grad.data();
+                      G = res ? dz : od.grad.data();
                     }
+                    // The residual form handed over dz: the activation's derivative is taken.
+                    using BAct = std::conditional_t<res, cpu::NoActivation, Act>;
                     if (train) {
                       K::backward(n, C, hw, X, G, wd->value.data(), saved->data(), saved->data() + C,
-                                                dx, dgamma, dbeta, exec.threads(), bd->value.data(), Act{});
+                                                dx, dgamma, dbeta, exec.threads(), bd->value.data(), BAct{});
                     } else {
                       K::eval_backward(n, C, hw, X, G, wd->value.data(), bd->value.data(), eps,
                                                      saved->data(), saved->data() + C, dx, dgamma, dbeta,
-                                                     exec.threads(), Act{});
+                                                     exec.threads(), BAct{});
                     }
                     if (want_dx) {
                       if constexpr (half) {
@@ -313,6 +365,55 @@ class BatchNorm2d {
                   });
     }
     return out;
+  }
+
+  // The residual form's first backward pass: dz = dy * act'(y) (act' from the output y: 1 where
+  // y > 0 for a ReLU — a NaN gets 0, as relu's derivative at NaN), added into (or written as)
+  // r's gradient. Returns dz in the kernels' type: r's gradient buffer itself when it was empty
+  // and is not x's (x's gradient is written after dz is read), else `own` (or `wide` for bf16 /
+  // f16 activations, whose gradient is stored rounded).
+  template <class F, bool Half, class Exec, class OD>
+  static const T* residual_backward(Exec& exec, OD& od, ag::VarNode& rnode, const ag::VarNode* xnode, index_t size,
+                                    std::vector<T>& own, std::vector<float>& wide) {
+    using XT = typename OD::tensor_type::value_type;
+    exec.stats().count(kind::elementwise, std::string("residual_backward") + (is_identity_act_v<F> ? "" : "+") +
+                                              (is_identity_act_v<F> ? "" : F::name),
+                       size, std::size_t(size) * sizeof(XT) * 3);
+    const XT* dy = od.grad.data();
+    const XT* y = od.value.data();
+    XT* rg = nullptr;
+    bool add = false;
+    if (rnode.requires_grad) {
+      rg = static_cast<XT*>(rnode.ensure_grad_data());
+      add = rnode.grad_valid;
+      rnode.grad_valid = true;
+    }
+    auto d = [&](index_t i) {
+      const float g = float(dy[i]);
+      if constexpr (is_identity_act_v<F>) return g;
+      else return float(y[i]) > 0.f ? g : 0.f;
+    };
+    if constexpr (Half) {
+      wide.resize(std::size_t(size));
+      for (index_t i = 0; i < size; ++i) wide[std::size_t(i)] = d(i);
+      if (rg) detail::store_rounded(rg, wide.data(), size, add, exec.threads());
+      return wide.data();
+    } else {
+      const bool in_place = rg && !add && &rnode != xnode;
+      T* dz = in_place ? rg : (own.resize(std::size_t(size)), own.data());
+      for (index_t i = 0; i < size; ++i) {
+        if constexpr (is_identity_act_v<F>) dz[i] = dy[i];
+        else dz[i] = y[i] > T(0) ? dy[i] : T(0);
+      }
+      if (rg && !in_place) {
+        if (add) {
+          for (index_t i = 0; i < size; ++i) rg[i] += dz[i];
+        } else {
+          std::copy(dz, dz + size, rg);
+        }
+      }
+      return dz;
+    }
   }
 
   // A device executor: the functors of kiln/nn/convnet_functors.hpp — the statistics (a team per

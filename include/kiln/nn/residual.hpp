@@ -38,6 +38,24 @@ struct IdentityShortcut {
   static std::string describe() { return "identity"; }
 };
 
+// The functor a Residual's activation applies: fn::Identity for none, void for an activation
+// that names none.
+template <class A>
+struct residual_act {
+  using type = void;
+};
+template <class A>
+  requires requires { typename A::functor; }
+struct residual_act<A> {
+  using type = typename A::functor;
+};
+template <>
+struct residual_act<void> {
+  using type = fn::Identity;
+};
+template <class A>
+using residual_act_t = typename residual_act<A>::type;
+
 template <class A, class B>
 struct residual_branches_agree {
   static constexpr bool value = true;
@@ -79,8 +97,44 @@ class Residual {
   explicit Residual(Generator& gen) : body_(detail::make_layer<Body>(gen)), shortcut_(detail::make_layer<SC>(gen)) {}
   explicit Residual(std::uint64_t seed = 0) : Residual(lvalue(Generator(seed))) {}
 
+  // Whether the sum and its activation run inside the body's last layer, a batch norm (its
+  // normalising pass adds the shortcut and applies the ReLU: BatchNorm2d::forward_residual): on
+  // the CPU, when the activation is none or a ReLU. Then the block's forward is one pass fewer,
+  // and neither the body's output nor the sum is stored — backward takes the ReLU's derivative
+  // from the block's output. stance::force_eager and anomaly mode run the unfused form.
+  static constexpr bool fuses_into_norm = [] {
+    if constexpr (requires { typename Body::layer_types; }) {
+      constexpr std::size_t n = std::tuple_size_v<typename Body::layer_types>;
+      if constexpr (n == 0) {
+        return false;
+      } else {
+        using Last = std::tuple_element_t<n - 1, typename Body::layer_types>;
+        using F = detail::residual_act_t<Activation>;
+        return requires { Last::fuses_residual; } && std::is_same_v<space, host> &&
+               (std::is_same_v<F, fn::Identity> || std::is_same_v<F, fn::Relu>);
+      }
+    } else {
+      return false;
+    }
+  }();
+
   template <class Exec, class X>
   auto forward(ag::Tape<Exec>& tape, const X& x) {
+    if constexpr (fuses_into_norm) {
+      using Y = decltype(unfused_forward(tape, x));
+      if (!tape.force_eager() && !ag::detect_anomaly()) {
+        const auto h = body_.forward_but_last(tape, x);
+        const auto& b = shortcut_.forward(tape, x);
+        return body_.last_layer().template forward_residual<detail::residual_act_t<Activation>, Y>(tape, h, b);
+      }
+    }
+    return unfused_forward(tape, x);
+  }
+
+ private:
+  // The block as written: the body, the shortcut, then the sum and its activation as one kernel.
+  template <class Exec, class X>
+  auto unfused_forward(ag::Tape<Exec>& tape, const X& x) {
     const auto a = body_.forward(tape, x);
     const auto& b = shortcut_.forward(tape, x);
     using V = typename decltype(a)::value_type;
@@ -94,6 +148,8 @@ class Residual {
     }
   }
 
+ public:
+
   template <class F>
   void for_each_parameter(F&& f) const {
     if constexpr (requires { body_.for_each_parameter(f); }) body_.for_each_parameter(f);
@@ -106,11 +162,13 @@ class Residual {
   }
   bool training() const { return training_; }
 
-  // The branches' launches plus the sum (and its activation): ONE kernel forward, ONE backward.
+  // The branches' launches plus the sum (and its activation): ONE kernel forward, ONE backward —
+  // none forward when the body's batch norm runs it (fuses_into_norm), the backward's being
+  // dz = dy * relu'(y) for both branches then.
   static constexpr Launches launches(const LaunchContext& c) {
     Launches l = Body::launches(c);
     l += SC::launches(c);
-    l += Launches{1, 1};
+    l += Launches{sum_runs_alone(c) ? sum_kernels(c) : 0, sum_kernels(c)};
     return l;
   }
   // The same for the parameters' requires_grad flags now (a frozen block: nn/freeze.hpp).
@@ -118,9 +176,13 @@ class Residual {
     Launches l = launches_now_of(body_, c);
     l += launches_now_of(shortcut_, c);
     const bool any = c.input_grad || param_grads_of(body_).any || param_grads_of(shortcut_).any;
-    l += Launches{1, any ? 1 : 0};
+    l += Launches{sum_runs_alone(c) ? sum_kernels(c) : 0, any ? sum_kernels(c) : 0};
     return l;
   }
+  static constexpr bool sum_runs_alone(const LaunchContext& c) { return !fuses_into_norm || c.eager || c.device; }
+  // The sum and its activation: one kernel each way, two under force_eager (every node its own).
+  static constexpr index_t sum_kernels(const LaunchContext& c) { return c.eager && has_activation ? 2 : 1; }
+  static constexpr bool has_activation = !std::is_void_v<Activation>;
   static constexpr index_t parameter_tensors =
       detail::parameter_tensors_of<Body>() + detail::parameter_tensors_of<SC>();
   // bf16 / f16 activations when both branches take them (the sum runs in float, rounded once).

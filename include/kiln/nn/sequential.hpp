@@ -293,6 +293,21 @@ class Sequential {
     return forward_impl(tape, x, std::index_sequence_for<Layers...>{});
   }
 
+  // Every layer but the last (what a Residual runs before fusing its sum into the last layer,
+  // a batch norm: nn/residual.hpp), and the last layer.
+  template <class Exec, class X>
+    requires(N > 0)
+  auto forward_but_last(ag::Tape<Exec>& tape, const X& x) {
+    static_assert(!(N > 1 && fuses_next(N - 2)), "kiln::nn::Sequential::forward_but_last: the last layer runs "
+                                                 "inside the one before it");
+    return forward_impl(tape, x, std::make_index_sequence<N - 1>{});
+  }
+  auto& last_layer()
+    requires(N > 0)
+  {
+    return std::get<N - 1>(layers_);
+  }
+
   // Calls f(var) for every parameter variable, in layer order.
   template <class F>
   void for_each_parameter(F&& f) const {

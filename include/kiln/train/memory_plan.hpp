@@ -13,8 +13,10 @@
 // the activation it fuses count once) and follows the parameters' requires_grad flags now, as the
 // tape does: a layer whose input needs no gradient and whose parameters are all frozen records
 // nothing, so its output lives only until the next layer has read it (a transient, the largest of
-// which counts once), while a recorded layer keeps its output until backward and gets its
-// gradient there (value + gradient per output element, and a fused activation's pre-activation).
+// which counts once), while a recorded layer keeps its output until backward (and a fused
+// activation's pre-activation, unless it recomputes it) and gets its gradient there; backward frees each result once its
+// step ran, so the gradients add only the most alive at one step (output, input, and the skip
+// connections' waiting ones).
 // Under mixed precision activations are 2 bytes and the CPU's float working copies of a
 // convolution's or batch norm's input and output (nn/half_io.hpp) count as a transient.
 // Gradient buffers and the optimizer's state are the trainable parameters'. force_eager keeps a buffer per expression node and is not modelled (a plan
@@ -77,8 +79,13 @@ struct PlanWalk {
   bool mixed = false;
   std::size_t activation = 4;   // bytes per activation element (2 under mixed precision)
   bool input_grad = false;      // whether the layer now being walked gets an input that needs a gradient
-  std::size_t kept = 0;         // bytes per sample kept until backward (values, gradients, saved extras)
+  std::size_t kept = 0;         // bytes per sample kept until backward (values and saved extras)
   std::size_t transient = 0;    // the largest per-sample bytes alive for one layer only
+  // Backward frees each result once its step ran (autograd/tape.hpp), so gradients are not all
+  // alive at once: the most alive while one step runs — its output's and its input's, and those
+  // of enclosing skip connections still waiting for the other branch (pending).
+  std::size_t gradients = 0;
+  std::size_t pending = 0;
   std::size_t linear_weights = 0;  // weights with a low-precision copy (mixed precision)
   std::vector<cpu::Conv2dShape> convs{};  // for the convolutions' scratch (one image each)
   std::vector<std::array<index_t, 2>> linears{};  // in, out: for the GEMM workspace
@@ -116,8 +123,11 @@ void plan_leaf(const L& l, PlanWalk& w) {
     const bool recorded = w.input_grad || layer_trains(l);
     const std::size_t a = w.activation;
     if (recorded) {
-      // The output (value and gradient); a fused activation keeps its pre-activation too.
-      w.kept += 2 * std::size_t(out) * a + (nn::applies_activation<Fused>() ? std::size_t(out) * a : 0);
+      // The output's value; a fused activation keeps its pre-activation too. While its step runs,
+      // the output's gradient and the input's are alive.
+      constexpr bool recomputes = requires { L::recomputes_pre_activation; };  // batch norm: from its statistics
+      w.kept += std::size_t(out) * a + (nn::applies_activation<Fused>() && !recomputes ? std::size_t(out) * a : 0);
+      w.gradients = std::max(w.gradients, w.pending + std::size_t(in + out) * a);
     } else {
       w.transient = std::max(w.transient, std::size_t(in + out) * a);
     }
@@ -170,16 +180,22 @@ void plan_walk(const M& m, PlanWalk& w) {
   } else if constexpr (requires { typename M::layer_types; }) {  // nn::Sequential
     plan_sequential<In, M, 0, std::tuple_size_v<typename M::layer_types>>(m, w);
   } else if constexpr (requires { m.body(); m.shortcut(); }) {  // nn::Residual: both branches, then the sum
+    using Out = nn::output_sample_t<M, In>;
+    constexpr std::size_t out = sample_elements<Out>() == dyn ? 0 : std::size_t(sample_elements<Out>());
     const bool in_grad = w.input_grad;
+    // While a branch runs backward, the other's input gradient (x's, the sum's size) waits.
+    w.pending += out * w.activation;
     plan_walk<In>(m.body(), w);
     const bool body_grad = w.input_grad;
     w.input_grad = in_grad;
     if constexpr (M::has_projection) plan_walk<In>(m.shortcut(), w);  // the identity makes no tensor
+    w.pending -= out * w.activation;
     const bool recorded = body_grad || w.input_grad;
-    using Out = nn::output_sample_t<M, In>;
     if constexpr (sample_elements<Out>() != dyn) {
-      constexpr std::size_t out = std::size_t(sample_elements<Out>());
-      if (recorded) w.kept += 2 * out * w.activation;
+      // Fused into the body's batch norm (on the CPU), the sum is that layer's output, counted.
+      constexpr bool fused = M::fuses_into_norm && std::is_same_v<typename M::space, host>;
+      if (recorded && !fused) w.kept += out * w.activation;
+      if (recorded) w.gradients = std::max(w.gradients, w.pending + 3 * out * w.activation);
       else w.transient = std::max(w.transient, 3 * out * w.activation);  // the two branches and the sum
     }
     w.input_grad = recorded;
@@ -224,7 +240,8 @@ MemoryPlan plan_memory(const Model& model, const typename Optimizer::Options& op
   plan.low_copies = mixed ? walk.linear_weights * 2 : 0;
   // The step's input rows, what the walk keeps and its largest transient, and the loss's per-row
   // values (3 floats: the row's loss, its log-sum-exp and its label).
-  plan.per_sample = std::size_t(Model::in_features) * walk.activation + walk.kept + walk.transient + 3 * sizeof(float);
+  plan.per_sample = std::size_t(Model::in_features) * walk.activation + walk.kept +
+                    std::max(walk.transient, walk.gradients) + 3 * sizeof(float);
   plan.modelled = !policy.eager;
   if constexpr (std::is_same_v<typename Model::space, host>) {
     plan.workspace = [threads, mixed, linears = walk.linears, convs = walk.convs](index_t batch) {

@@ -57,15 +57,22 @@ template <class T>
 void batchnorm2d_channel_stats(index_t n, index_t c, index_t hw, const T* x, index_t ch,
                                double& mean, double& var);
 
-// y = act((x - mean) * scale + shift) over channel ch, computed in T (mean, scale and shift
-// rounded once); subtracting first keeps a constant channel at exactly shift, as PyTorch.
+// y = act((x - mean) * scale + shift [+ r]) over channel ch, computed in T (mean, scale and
+// shift rounded once; the normalised value rounded before r is added, as a separate add would);
+// subtracting first keeps a constant channel at exactly shift, as PyTorch. r (nullable) is a
+// residual of x's shape added before the activation.
 template <class T, class Act>
 void batchnorm2d_channel_affine(index_t n, index_t c, index_t hw, const T* x, index_t ch,
-                                double mean, double scale, double shift, T* y, Act act) {
+                                double mean, double scale, double shift, T* y, Act act,
+                                const T* r = nullptr) {
   const T m = T(mean), a = T(scale), b = T(shift);
   for (index_t i = 0; i < n; ++i) {
     const index_t off = (i * c + ch) * hw;
-    for (index_t j = 0; j < hw; ++j) y[off + j] = act(T((x[off + j] - m) * a + b));
+    if (r) {
+      for (index_t j = 0; j < hw; ++j) y[off + j] = act(T(T((x[off + j] - m) * a + b) + r[off + j]));
+    } else {
+      for (index_t j = 0; j < hw; ++j) y[off + j] = act(T((x[off + j] - m) * a + b));
+    }
   }
 }
 
@@ -157,13 +164,14 @@ namespace detail {
 
 }  // namespace detail
 
-// Training-mode forward, y = act(normalised x); act defaults to none. Throws ShapeError for
+// Training-mode forward, y = act(normalised x [+ residual]); act defaults to none, residual
+// (nullable, x's shape) is a skip connection's other branch, added before the activation. Throws ShapeError for
 // non-positive sizes, ValueError when n * hw == 1, eps < 0, or momentum outside [0, 1].
 template <class T, class Act = NoActivation>
 void batchnorm2d_train_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                                const T* beta, double eps, double momentum, T* running_mean,
                                T* running_var, T* y, T* save_mean, T* save_invstd,
-                               int threads = 1, Act act = {}) {
+                               int threads = 1, Act act = {}, const T* residual = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_train_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_train_forward";
@@ -183,7 +191,7 @@ void batchnorm2d_train_forward(index_t n, index_t c, index_t hw, const T* x, con
     const double invstd = 1.0 / std::sqrt(var + eps);
     const double g = gamma ? double(gamma[ch]) : 1.0;
     const double b = beta ? double(beta[ch]) : 0.0;
-    detail::batchnorm2d_channel_affine(n, c, hw, x, ch, mean, invstd * g, b, y, act);
+    detail::batchnorm2d_channel_affine(n, c, hw, x, ch, mean, invstd * g, b, y, act, residual);
     if (running_mean) {
       running_mean[ch] = T((1.0 - momentum) * double(running_mean[ch]) + momentum * mean);
       running_var[ch] =
@@ -194,11 +202,13 @@ void batchnorm2d_train_forward(index_t n, index_t c, index_t hw, const T* x, con
   });
 }
 
-// Eval-mode forward: y = act((x - running_mean) / sqrt(running_var + eps) * gamma + beta).
+// Eval-mode forward: y = act((x - running_mean) / sqrt(running_var + eps) * gamma + beta
+// [+ residual]).
 template <class T, class Act = NoActivation>
 void batchnorm2d_eval_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                               const T* beta, double eps, const T* running_mean,
-                              const T* running_var, T* y, int threads = 1, Act act = {}) {
+                              const T* running_var, T* y, int threads = 1, Act act = {},
+                              const T* residual = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_eval_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_eval_forward";
@@ -212,7 +222,7 @@ void batchnorm2d_eval_forward(index_t n, index_t c, index_t hw, const T* x, cons
     const double b = beta ? double(beta[ch]) : 0.0;
     const double scale = invstd * g;
     detail::batchnorm2d_channel_affine(n, c, hw, x, ch, double(running_mean[ch]), scale, b, y,
-                                       act);
+                                       act, residual);
   });
 }
 

@@ -98,12 +98,12 @@ void batchnorm2d_nhwc_stats(index_t n, index_t c, index_t hw, const T* x, index_
   }
 }
 
-// y = act((x - mean) * scale + shift) in T over channels [c0, c0 + cb), as
+// y = act((x - mean) * scale + shift [+ res]) in T over channels [c0, c0 + cb), as
 // batchnorm2d_channel_affine.
 template <class T, class Act>
 void batchnorm2d_nhwc_affine(index_t rows, index_t c, const T* x, index_t c0, index_t cb,
                              const double* mean, const double* scale, const double* shift, T* y,
-                             Act act) {
+                             Act act, const T* res = nullptr) {
   constexpr index_t bl = bn_nhwc_block;
   T m[bl], a[bl], b[bl];
   for (index_t ch = 0; ch < cb; ++ch)
@@ -111,7 +111,12 @@ void batchnorm2d_nhwc_affine(index_t rows, index_t c, const T* x, index_t c0, in
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * c + c0;
     T* yr = y + r * c + c0;
-    for (index_t ch = 0; ch < cb; ++ch) yr[ch] = act(T((xr[ch] - m[ch]) * a[ch] + b[ch]));
+    if (res) {
+      const T* rr = res + r * c + c0;
+      for (index_t ch = 0; ch < cb; ++ch) yr[ch] = act(T(T((xr[ch] - m[ch]) * a[ch] + b[ch]) + rr[ch]));
+    } else {
+      for (index_t ch = 0; ch < cb; ++ch) yr[ch] = act(T((xr[ch] - m[ch]) * a[ch] + b[ch]));
+    }
   }
 }
 
@@ -122,7 +127,7 @@ template <class T, class Act = NoActivation>
 void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                                     const T* beta, double eps, double momentum, T* running_mean,
                                     T* running_var, T* y, T* save_mean, T* save_invstd,
-                                    int threads = 1, Act act = {}) {
+                                    int threads = 1, Act act = {}, const T* residual = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_nhwc_train_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_nhwc_train_forward";
@@ -153,7 +158,7 @@ void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x
       if (save_mean) save_mean[ch] = T(mean[k]);
       if (save_invstd) save_invstd[ch] = T(invstd[k]);
     }
-    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, cb, mean, scale, shift, y, act);
+    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, cb, mean, scale, shift, y, act, residual);
   });
 }
 
@@ -161,7 +166,8 @@ void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x
 template <class T, class Act = NoActivation>
 void batchnorm2d_nhwc_eval_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                                    const T* beta, double eps, const T* running_mean,
-                                   const T* running_var, T* y, int threads = 1, Act act = {}) {
+                                   const T* running_var, T* y, int threads = 1, Act act = {},
+                                   const T* residual = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_nhwc_eval_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_nhwc_eval_forward";
@@ -178,7 +184,7 @@ void batchnorm2d_nhwc_eval_forward(index_t n, index_t c, index_t hw, const T* x,
       scale[k] = 1.0 / std::sqrt(double(running_var[ch]) + eps) * (gamma ? double(gamma[ch]) : 1.0);
       shift[k] = beta ? double(beta[ch]) : 0.0;
     }
-    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, cb, mean, scale, shift, y, act);
+    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, cb, mean, scale, shift, y, act, residual);
   });
 }
 
