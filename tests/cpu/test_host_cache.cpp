@@ -88,3 +88,24 @@ TEST_CASE("host cache: by default it keeps at most the most bytes ever in use at
   CHECK(t.peak_in_use_bytes >= s.peak_in_use_bytes + 4 * MiB);
   CHECK(t.kept_bytes <= t.limit_bytes);
 }
+
+TEST_CASE("host cache: by default what is in use and what is kept never pass the peak in use together") {
+  if (!kiln::detail::HostBlockCache::keeps_by_default) return;  // AddressSanitizer: nothing is kept
+  DefaultLimitAfter restore;
+  kiln::set_host_cache_limit(0);
+  kiln::set_host_cache_limit(kiln::host_cache_default_limit);
+  const kiln::HostCacheStats s = kiln::host_cache_stats();
+  const std::size_t big = s.peak_in_use_bytes + 4 * MiB;  // a new peak, then kept
+  void* p = memory_traits<host>::allocate(big);
+  memory_traits<host>::deallocate(p, big);
+  CHECK(kiln::host_cache_stats().kept_bytes >= big);
+  // Another size: served fresh, so the kept block that would take the process past its peak
+  // goes back to the system.
+  void* q = memory_traits<host>::allocate(2 * MiB);
+  const kiln::HostCacheStats t = kiln::host_cache_stats();
+  CHECK(t.kept_bytes < big);
+  CHECK(t.kept_bytes + t.in_use_bytes <= t.peak_in_use_bytes);
+  memory_traits<host>::deallocate(q, 2 * MiB);
+  const kiln::HostCacheStats u = kiln::host_cache_stats();
+  CHECK(u.kept_bytes + u.in_use_bytes <= u.peak_in_use_bytes);
+}
