@@ -151,6 +151,20 @@ void conv_case(const Conv2dShape& s, std::uint64_t seed, int threads) {
   cpu::conv2d_backward_data(s, ady.data(), aw.data(), dx_mag.data(), 1);
   check_close("backward_data", s, to_nchw(dx, s.n, s.c_in, s.h, s.w), dx_want, dx_mag,
               s.c_out * s.kh * s.kw);
+  {  // accumulate: added to what the gradient holds (a skip connection's contribution), both layouts
+    const auto base = random_vec<T>(x_size(s), rng), baseh = to_nhwc(base, s.n, s.c_in, s.h, s.w);
+    std::vector<T> acc = base, acch = baseh, sum(x_size(s));
+    std::vector<double> sum_mag(x_size(s));
+    for (std::size_t i = 0; i < sum.size(); ++i) {
+      sum[i] = T(dx_want[i] + base[i]);
+      sum_mag[i] = dx_mag[i] + std::abs(double(base[i]));
+    }
+    cpu::conv2d_backward_data(s, dy.data(), w.data(), acc.data(), threads, /*accumulate=*/true);
+    cpu::conv2d_nhwc_backward_data(s, dyh.data(), w.data(), acch.data(), threads, /*accumulate=*/true);
+    check_close("backward_data/accumulate", s, acc, sum, sum_mag, s.c_out * s.kh * s.kw + 1);
+    check_close("backward_data/accumulate nhwc", s, to_nchw(acch, s.n, s.c_in, s.h, s.w), sum, sum_mag,
+                s.c_out * s.kh * s.kw + 1);
+  }
 
   std::vector<T> dw_want(w_size(s)), db_want(std::size_t(s.c_out));
   std::vector<T> dw(w_size(s), nan), db(std::size_t(s.c_out), nan);

@@ -38,8 +38,11 @@ static_assert(Basic::fuses_into_norm && Down::fuses_into_norm && Plain::fuses_in
 // the separate kernel.
 static_assert(!nn::Residual<nn::Sequential<Conv<4, 4, 3>>, void, nn::ReLU>::fuses_into_norm);
 static_assert(!nn::Residual<nn::Sequential<Conv<4, 4, 3>, BN4>, void, nn::Tanh>::fuses_into_norm);
-// ResNet-50's blocks fuse.
+// ResNet-50's blocks fuse, and a projection's output (its batch norm's, read by nothing once
+// summed) is freed after the sum.
 static_assert(models::Bottleneck<256, 64, 1>::type::fuses_into_norm);
+static_assert(models::Bottleneck<256, 128, 2>::type::projection_output_unread);
+static_assert(Down::projection_output_unread && !Basic::projection_output_unread);
 
 GradcheckInput input(index_t rows, index_t cols, std::uint64_t seed) {
   HostMatrix<double> m(rows, cols);

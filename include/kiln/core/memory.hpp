@@ -31,14 +31,13 @@ struct memory_traits<host> {
     if (bytes == 0) return nullptr;
     // While a step is captured on this thread its buffers stay put (kiln/core/host_graph_pool.hpp).
     if (detail::HostGraphPool* pool = detail::capturing_host_pool()) return detail::allocate_from_host_pool(*pool, bytes);
-    if (bytes >= detail::HostBlockCache::min_bytes)
-      if (void* kept = detail::HostBlockCache::get().take(bytes)) return kept;
+    if (bytes >= detail::HostBlockCache::min_bytes) return detail::HostBlockCache::get().take(bytes);
     return ::operator new(bytes, std::align_val_t(alignment));
   }
   // bytes: what allocate was given.
   static void deallocate(void* p, std::size_t bytes) noexcept {
     if (!p || detail::return_to_host_pool(p)) return;
-    if (bytes >= detail::HostBlockCache::min_bytes && detail::HostBlockCache::get().give(p, bytes)) return;
+    if (bytes >= detail::HostBlockCache::min_bytes) return detail::HostBlockCache::get().give(p, bytes);
     ::operator delete(p, std::align_val_t(alignment));
   }
   // Copies bytes of this space into host memory (Var::item()).

@@ -60,7 +60,7 @@ class Tensor {
   // Changes the shape; reallocates only when the element count changes. Contents are unspecified.
   void resize(const Shape& shape) {
     Shape s = checked(shape);
-    if (s.size() != shape_.size()) {
+    if (s.size() != shape_.size() || data_ == nullptr) {
       release();
       shape_ = s;
       allocate();
@@ -68,6 +68,11 @@ class Tensor {
       shape_ = s;
     }
   }
+
+  // Frees the elements and keeps the shape: data() is null afterwards (resize allocates again).
+  // For a value nothing reads again whose shape still matters — an autograd result kept only so
+  // its gradient can be sized and passed on (nn::Residual's projection output).
+  void free_elements() noexcept { release(); }
 
   T* data() { return data_; }
   const T* data() const { return data_; }

@@ -162,6 +162,8 @@ class BatchNorm2d {
   // A fused activation's backward recomputes the pre-activation from x and the statistics: no
   // copy is kept (what the memory planner counts).
   static constexpr bool recomputes_pre_activation = true;
+  // Its backward reads its input, the statistics and the output's gradient, never the output.
+  static constexpr bool backward_reads_output = false;
 
   void train(bool on = true) { training_ = on; }
   void eval() { train(false); }
@@ -303,8 +305,10 @@ class BatchNorm2d {
         saved->insert(saved->end(), buf.running_var.data(), buf.running_var.data() + C);
       }
       std::vector<std::shared_ptr<ag::VarNode>> inputs{x.data(), wd, bd};
-      std::shared_ptr<ag::VarNode> rd;
-      if constexpr (res) inputs.push_back(rd = r->data());
+      // The residual's node, raw: the step's inputs own it (a second owner here would keep its
+      // value from being freed by nn::Residual).
+      ag::VarNode* rd = nullptr;
+      if constexpr (res) inputs.push_back(r->data()), rd = r->data().get();
       tape.record(out, std::move(inputs),
                   [xd = x.data(), wd, bd, rd, saved, train, n, hw, eps = eps_, bytes, name](Exec& exec, auto& od) {
                     if (!od.grad_valid) return;

@@ -84,9 +84,10 @@ cpu::Conv2dShape checked_conv_shape(const Shape& xs, const Shape& ws, const Conv
 }
 
 template <layout L, class T>
-void conv_backward_data(const cpu::Conv2dShape& s, const T* dy, const T* w, T* dx, int threads) {
-  if constexpr (L == layout::nhwc) cpu::conv2d_nhwc_backward_data(s, dy, w, dx, threads);
-  else cpu::conv2d_backward_data(s, dy, w, dx, threads);
+void conv_backward_data(const cpu::Conv2dShape& s, const T* dy, const T* w, T* dx, int threads,
+                        bool accumulate = false) {
+  if constexpr (L == layout::nhwc) cpu::conv2d_nhwc_backward_data(s, dy, w, dx, threads, accumulate);
+  else cpu::conv2d_backward_data(s, dy, w, dx, threads, accumulate);
 }
 
 // Backward on a device: the activation's derivative (one kernel), backward-data and
@@ -250,15 +251,9 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
     }
     if (xd->requires_grad) {
       exec.stats().count(kind::gemm, "conv2d_backward_data", s.n * s.c_in * s.h * s.w, x_bytes + y_bytes);
+      // Added straight into a gradient that holds a contribution (a skip connection's).
       const bool add = xd->grad_valid;
-      T* dx = xd->ensure_grad();
-      if (add) {
-        std::vector<T> tmp(static_cast<std::size_t>(xd->value.size()));
-        conv_backward_data<L>(s, dy, wd->value.data(), tmp.data(), threads);
-        write_or_add(dx, tmp.data(), index_t(tmp.size()), true);
-      } else {
-        conv_backward_data<L>(s, dy, wd->value.data(), dx, threads);
-      }
+      conv_backward_data<L>(s, dy, wd->value.data(), xd->ensure_grad(), threads, add);
       xd->grad_valid = true;
     }
     const bool dw = wd->requires_grad, db = bd && bd->requires_grad;

@@ -118,6 +118,23 @@ class Residual {
     }
   }();
 
+  // Whether the shortcut is a model ending in a layer whose backward never reads its output (a
+  // batch norm): with fuses_into_norm, nothing reads the projection's output after the sum.
+  static constexpr bool projection_output_unread = [] {
+    if constexpr (requires { typename SC::layer_types; }) {
+      constexpr std::size_t n = std::tuple_size_v<typename SC::layer_types>;
+      if constexpr (n == 0) {
+        return false;
+      } else {
+        using Last = std::tuple_element_t<n - 1, typename SC::layer_types>;
+        if constexpr (requires { Last::backward_reads_output; }) return fuses_into_norm && !Last::backward_reads_output;
+        else return false;
+      }
+    } else {
+      return false;
+    }
+  }();
+
   template <class Exec, class X>
   auto forward(ag::Tape<Exec>& tape, const X& x) {
     if constexpr (fuses_into_norm) {
@@ -125,7 +142,15 @@ class Residual {
       if (!tape.force_eager() && !ag::detect_anomaly()) {
         const auto h = body_.forward_but_last(tape, x);
         const auto& b = shortcut_.forward(tape, x);
-        return body_.last_layer().template forward_residual<detail::residual_act_t<Activation>, Y>(tape, h, b);
+        Y y = body_.last_layer().template forward_residual<detail::residual_act_t<Activation>, Y>(tape, h, b);
+        // The projection's output: the fused backward passes its gradient on without reading it,
+        // and its batch norm's backward does not read it either, so unless someone else holds it
+        // (b here, the fused step's list of inputs) its elements go now: ResNet-50's four
+        // projections kept 5.7 MiB per image that nothing would read.
+        if constexpr (projection_output_unread) {
+          if (b.data().use_count() <= 2) b.value().free_elements();
+        }
+        return y;
       }
     }
     return unfused_forward(tape, x);

@@ -188,7 +188,13 @@ void plan_walk(const M& m, PlanWalk& w) {
     plan_walk<In>(m.body(), w);
     const bool body_grad = w.input_grad;
     w.input_grad = in_grad;
-    if constexpr (M::has_projection) plan_walk<In>(m.shortcut(), w);  // the identity makes no tensor
+    if constexpr (M::has_projection) {  // the identity makes no tensor
+      const std::size_t kept_before = w.kept;
+      plan_walk<In>(m.shortcut(), w);
+      // Fused on the CPU, the projection's output is freed once summed (nn::Residual).
+      if (M::projection_output_unread && std::is_same_v<typename M::space, host> && w.kept > kept_before)
+        w.kept -= std::min(w.kept - kept_before, out * w.activation);
+    }
     w.pending -= out * w.activation;
     const bool recorded = body_grad || w.input_grad;
     if constexpr (sample_elements<Out>() != dyn) {

@@ -248,9 +248,10 @@ void conv2d_forward(const Conv2dShape& s, const T* x, const T* w, const T* bias,
 }
 
 // dx = d(sum y * dy)/dx for y = conv2d_forward(x, w): dcol = W^T dy, then col2im.
-// dx is overwritten.
+// dx is overwritten, or added to with accumulate.
 template <class T>
-void conv2d_backward_data(const Conv2dShape& s, const T* dy, const T* w, T* dx, int threads = 0) {
+void conv2d_backward_data(const Conv2dShape& s, const T* dy, const T* w, T* dx, int threads = 0,
+                          bool accumulate = false) {
   static_assert(detail::conv2d_type_ok<T>,
                 "kiln::cpu::conv2d_backward_data: T must be float or double");
   s.check("kiln::cpu::conv2d_backward_data");
@@ -265,7 +266,7 @@ void conv2d_backward_data(const Conv2dShape& s, const T* dy, const T* w, T* dx, 
     gemm<T>(trans::yes, trans::no, k, ld, s.c_out, T(1), w, k, dyt, ld, T(0), dcol, ld, threads);
     detail::conv2d_parallel(cn, threads, [&](index_t i) {
       T* dxn = dx + (n0 + i) * s.c_in * hw;
-      std::fill(dxn, dxn + s.c_in * hw, T(0));
+      if (!accumulate) std::fill(dxn, dxn + s.c_in * hw, T(0));
       detail::col2im_add(s, dcol + i * ohw, ld, dxn);
     });
   }

@@ -161,10 +161,11 @@ void conv2d_nhwc_forward(const Conv2dShape& s, const T* x, const T* w, const T* 
 }
 
 // dx = d(sum y * dy)/dx for y = conv2d_nhwc_forward(x, w): dcol = dY * wp, then col2im.
-// dx is overwritten.
+// dx is overwritten, or added to with accumulate (a gradient that already holds a contribution:
+// no temporary of x's size).
 template <class T>
 void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T* dx,
-                               int threads = 0) {
+                               int threads = 0, bool accumulate = false) {
   static_assert(detail::conv2d_type_ok<T>,
                 "kiln::cpu::conv2d_nhwc_backward_data: T must be float or double");
   s.check("kiln::cpu::conv2d_nhwc_backward_data");
@@ -181,7 +182,7 @@ void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T*
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
     const T* dyc = dy + n0 * ohw * s.c_out;
     if (pointwise) {  // dcol is dx's rows
-      gemm<T>(trans::no, trans::no, rows, k, s.c_out, T(1), dyc, s.c_out, wp, k, T(0),
+      gemm<T>(trans::no, trans::no, rows, k, s.c_out, T(1), dyc, s.c_out, wp, k, accumulate ? T(1) : T(0),
               dx + n0 * hwc, k, threads);
       continue;
     }
@@ -189,7 +190,7 @@ void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T*
             threads);
     detail::conv2d_parallel(cn, threads, [&](index_t i) {
       T* dxn = dx + (n0 + i) * hwc;
-      std::fill(dxn, dxn + hwc, T(0));
+      if (!accumulate) std::fill(dxn, dxn + hwc, T(0));
       detail::col2im_nhwc_add(s, dcol + i * ohw * k, dxn);
     });
   }
