@@ -203,6 +203,10 @@ void plan_walk(const M& m, PlanWalk& w) {
       if (recorded && !fused) w.kept += out * w.activation;
       if (recorded) w.gradients = std::max(w.gradients, w.pending + 3 * out * w.activation);
       else w.transient = std::max(w.transient, 3 * out * w.activation);  // the two branches and the sum
+      // Fused under mixed precision, the batch norm's float copies of its input, the shortcut
+      // and the sum (nn/half_io.hpp) live while it runs, beside the three half-precision tensors
+      // (a frozen block's peak; a trained one's is in backward, with everything kept).
+      if (fused && w.mixed && !recorded) w.transient = std::max(w.transient, 3 * out * (sizeof(float) + w.activation));
     }
     w.input_grad = recorded;
   } else if constexpr (requires { M::count; m.first(); m.block(1); }) {  // nn::Repeat
