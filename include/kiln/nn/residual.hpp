@@ -9,7 +9,9 @@
 // the body changes the shape. The body's and the shortcut's output samples must agree (a
 // static_assert naming both). Activation is void (none) or an activation layer (nn::ReLU) applied
 // to the sum in the same pass. The sum (and its activation) is ONE fused kernel, its backward ONE
-// kernel that hands the gradient to both branches; the gradient of x is the sum of both branches' contributions (the
+// kernel that hands the gradient to both branches — and on the CPU, when the body ends in a
+// BatchNorm2d and the activation is none or a ReLU, no kernel of its own: the batch norm's
+// normalising pass adds the shortcut and applies the ReLU (fuses_into_norm); the gradient of x is the sum of both branches' contributions (the
 // tape adds them). Parameters, modes and launch counts are the body's and the shortcut's.
 #pragma once
 
