@@ -13,8 +13,10 @@
 // - backward(loss) seeds d(loss)/d(loss) = 1 and runs the steps `loss` depends on in reverse order
 //   of recording; gradients of intermediate results start afresh in each backward, gradients of
 //   leaves (parameters) accumulate until zero_grad().
-// - Afterwards it releases each step it ran unless a step still alive and not run (the graph of
-//   another loss that shares this one's trunk) needs it. So, unlike PyTorch, two losses over a
+// - It releases each step as soon as it ran (PyTorch's order: a result no caller holds dies
+//   with its gradient there, so activations and gradients are not all alive at backward's peak),
+//   unless a step still alive and not run (the graph of another loss that shares this one's
+//   trunk) needs it. So, unlike PyTorch, two losses over a
 //   shared trunk can be backwarded in turn without retain_graph. A released result can not be
 //   backwarded through again: that throws, naming the result's shape. BackwardOptions::
 //   retain_graph keeps every step (backward the same loss twice, for instance).
