@@ -380,9 +380,9 @@ class BatchNorm2d {
   static const T* residual_backward(Exec& exec, OD& od, ag::VarNode& rnode, const ag::VarNode* xnode, index_t size,
                                     std::vector<T>& own, std::vector<float>& wide) {
     using XT = typename OD::tensor_type::value_type;
-    exec.stats().count(kind::elementwise, std::string("residual_backward") + (is_identity_act_v<F> ? "" : "+") +
-                                              (is_identity_act_v<F> ? "" : F::name),
-                       size, std::size_t(size) * sizeof(XT) * 3);
+    std::string name = "residual_backward";
+    if constexpr (!is_identity_act_v<F>) name.append("+").append(F::name);
+    exec.stats().count(kind::elementwise, name, size, std::size_t(size) * sizeof(XT) * 3);
     const XT* dy = od.grad.data();
     const XT* y = od.value.data();
     XT* rg = nullptr;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "kiln/autograd/map.hpp"
@@ -57,6 +58,25 @@ struct residual_act<void> {
 };
 template <class A>
 using residual_act_t = typename residual_act<A>::type;
+
+// The last layer of a model (a Sequential), void for anything else.
+template <class M>
+struct last_layer {
+  using type = void;
+};
+template <class M>
+  requires(std::tuple_size_v<typename M::layer_types> > 0)
+struct last_layer<M> {
+  using type = std::tuple_element_t<std::tuple_size_v<typename M::layer_types> - 1, typename M::layer_types>;
+};
+template <class M>
+using last_layer_t = typename last_layer<M>::type;
+// A layer that can add a residual in its own pass (BatchNorm2d::forward_residual), and one whose
+// backward never reads its output.
+template <class L>
+concept fuses_residual_layer = requires { L::fuses_residual; };
+template <class L>
+concept output_unread_layer = requires { L::backward_reads_output; } && !L::backward_reads_output;
 
 template <class A, class B>
 struct residual_branches_agree {
@@ -104,38 +124,15 @@ class Residual {
   // the CPU, when the activation is none or a ReLU. Then the block's forward is one pass fewer,
   // and neither the body's output nor the sum is stored — backward takes the ReLU's derivative
   // from the block's output. stance::force_eager and anomaly mode run the unfused form.
-  static constexpr bool fuses_into_norm = [] {
-    if constexpr (requires { typename Body::layer_types; }) {
-      constexpr std::size_t n = std::tuple_size_v<typename Body::layer_types>;
-      if constexpr (n == 0) {
-        return false;
-      } else {
-        using Last = std::tuple_element_t<n - 1, typename Body::layer_types>;
-        using F = detail::residual_act_t<Activation>;
-        return requires { Last::fuses_residual; } && std::is_same_v<space, host> &&
-               (std::is_same_v<F, fn::Identity> || std::is_same_v<F, fn::Relu>);
-      }
-    } else {
-      return false;
-    }
-  }();
+  static constexpr bool fuses_into_norm =
+      detail::fuses_residual_layer<detail::last_layer_t<Body>> && std::is_same_v<space, host> &&
+      (std::is_same_v<detail::residual_act_t<Activation>, fn::Identity> ||
+       std::is_same_v<detail::residual_act_t<Activation>, fn::Relu>);
 
   // Whether the shortcut is a model ending in a layer whose backward never reads its output (a
   // batch norm): with fuses_into_norm, nothing reads the projection's output after the sum.
-  static constexpr bool projection_output_unread = [] {
-    if constexpr (requires { typename SC::layer_types; }) {
-      constexpr std::size_t n = std::tuple_size_v<typename SC::layer_types>;
-      if constexpr (n == 0) {
-        return false;
-      } else {
-        using Last = std::tuple_element_t<n - 1, typename SC::layer_types>;
-        if constexpr (requires { Last::backward_reads_output; }) return fuses_into_norm && !Last::backward_reads_output;
-        else return false;
-      }
-    } else {
-      return false;
-    }
-  }();
+  static constexpr bool projection_output_unread =
+      fuses_into_norm && detail::output_unread_layer<detail::last_layer_t<SC>>;
 
   template <class Exec, class X>
   auto forward(ag::Tape<Exec>& tape, const X& x) {
