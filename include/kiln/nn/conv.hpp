@@ -172,6 +172,8 @@ struct ConvFinish {
   void operator()(index_t n, index_t co, const T* z, T* y, index_t len) const {
     row(z, y, keep ? keep + (n * c_out + co) * ohw : nullptr, len, co, 0);
   }
+  // y = z exactly: the NHWC convolution then lets its GEMM write y (conv2d_nhwc.hpp).
+  bool copies_only() const { return bias == nullptr && is_identity_act_v<Act>; }
   // NHWC: one pixel's channels.
   void operator()(index_t pixel, const T* z, T* y, index_t len) const {
     row(z, y, keep ? keep + pixel * c_out : nullptr, len, 0, 1);

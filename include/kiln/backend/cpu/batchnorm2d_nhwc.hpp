@@ -8,13 +8,19 @@
 // added in double — only vectorised across a block of channels instead of along the plane, since
 // a row of x holds C contiguous channels. So the results are batchnorm2d.hpp's, bit for bit
 // unless the compiler fuses different multiply-adds in the two loops (GCC tuned for Zen does in
-// double: last-bit differences), and do not depend on the thread count (blocks of channels are
+// double: last-bit differences), and do not depend on the thread count (ranges of channels are
 // split across threads, each channel computed alone).
+//
+// Passes stream whole rows: a thread's range of channels is swept tile of rows by tile of rows
+// (each tile L2-resident while its blocks of 32 channels are summed), and the elementwise passes
+// walk rows in order — never one block of channels down the whole tensor, which reads 128 bytes
+// of every row and ran at a third of copy bandwidth on tensors past the caches.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kiln/backend/cpu/batchnorm2d.hpp"
 
@@ -22,102 +28,167 @@ namespace kiln::cpu {
 
 namespace detail {
 
-// Most channels per task: a row's block is one contiguous run for the vector adds.
-inline constexpr index_t bn_nhwc_block = 32;
+// Channels per inner block: a row's block is one contiguous run for the vector adds.
+inline constexpr index_t bn_nhwc_block = 32, bn_nhwc_lanes = 16;
 
-// f(c0, cb) for every block [c0, c0 + cb) of channels, split across threads. Each channel is
-// computed alone, so the width changes no result: narrower blocks (down to 8) when there are
-// threads to spare, so that 64 channels still keep 8 threads busy.
+// f(c0, c1) for contiguous ranges of channels, one per thread (whole vectors of 8 channels, the
+// last range excepted). Each channel is computed alone, so the split changes no result.
 template <class F>
-void batchnorm2d_nhwc_blocks(index_t c, int threads, const F& f) {
-  index_t width = bn_nhwc_block;
-  if (threads > 1) width = std::clamp<index_t>((c + 8 * threads - 1) / (8 * threads) * 8, 8, width);
-  batchnorm2d_channels((c + width - 1) / width, threads, [&](index_t b) {
-    const index_t c0 = b * width;
-    f(c0, std::min(width, c - c0));
+void batchnorm2d_nhwc_parts(index_t c, int threads, const F& f) {
+  const index_t units = (c + 7) / 8, parts = std::clamp<index_t>(threads, 1, std::max<index_t>(units, 1));
+  batchnorm2d_channels(parts, threads, [&](index_t p) {
+    const index_t base = units / parts, extra = units % parts;
+    const index_t u0 = p * base + std::min(p, extra), u1 = u0 + base + (p < extra ? 1 : 0);
+    f(std::min(c, u0 * 8), std::min(c, u1 * 8));
   });
 }
 
-// batchnorm2d_lane_sums for cb channels of one image at once: a[ch] += sum of u, b[ch] += sum
-// of v over f(j, ch, u, v) for j < hw, in the same order per channel.
-template <class T, class F>
-void batchnorm2d_nhwc_lane_sums(index_t hw, index_t cb, double* a, double* b, const F& f) {
-  constexpr index_t lanes = 16, bl = bn_nhwc_block;
-  T ua[lanes * bl] = {}, va[lanes * bl] = {};
-  index_t j = 0;
-  for (; j + lanes <= hw; j += lanes)
-    for (index_t l = 0; l < lanes; ++l)
-      for (index_t ch = 0; ch < cb; ++ch) {
-        T u, v;
-        f(j + l, ch, u, v);
-        ua[l * bl + ch] += u;
-        va[l * bl + ch] += v;
+// Rows per tile of a pass over channels [c0, c1): every channel block sweeps one tile before the
+// next is read, so a tile (up to ~96 KiB of each operand) is read from memory once and from L2
+// by the other blocks. At most 128 rows: a lane walks rows 16 apart, which for 64 or 256 channels
+// are 4 or 16 KiB apart and share one L1 set; more than its 8 ways would evict each other.
+template <class T>
+index_t bn_nhwc_tile_rows(index_t channels) {
+  constexpr index_t bytes = index_t(96) << 10, l = bn_nhwc_lanes;
+  return std::clamp<index_t>(bytes / index_t(sizeof(T)) / std::max<index_t>(channels, 1) / l * l, l, 8 * l);
+}
+
+// Rows [j0, j1) (whole groups of 16) of cb channels into their lanes u_l / v_l [16][cb]: row j's
+// values come from value(p, k) with p = j * c (its offset from the block's first element).
+// For each lane and vector of 16 channels, the lane's rows j0 + l, j0 + l + 16, ... are summed
+// in registers and the lane stored once (each lane still adds its rows in order).
+template <class T, bool Two, class V>
+inline void batchnorm2d_nhwc_lane_block(index_t j0, index_t j1, index_t cb, index_t c, T* __restrict u_l,
+                                        T* __restrict v_l, const V& value) {
+  constexpr index_t vec = 16;
+  index_t k0 = 0;
+  for (; k0 + vec <= cb; k0 += vec)
+    for (index_t l = 0; l < bn_nhwc_lanes; ++l) {
+      T au[vec], av[vec];
+      for (index_t k = 0; k < vec; ++k) au[k] = u_l[l * cb + k0 + k], av[k] = Two ? v_l[l * cb + k0 + k] : T(0);
+      for (index_t j = j0 + l; j < j1; j += bn_nhwc_lanes)
+        for (index_t k = 0; k < vec; ++k) {
+          T u, v;
+          value(j * c, k0 + k, u, v);
+          au[k] += u;
+          if constexpr (Two) av[k] += v;
+        }
+      for (index_t k = 0; k < vec; ++k) {
+        u_l[l * cb + k0 + k] = au[k];
+        if constexpr (Two) v_l[l * cb + k0 + k] = av[k];
       }
-  for (; j < hw; ++j)
-    for (index_t ch = 0; ch < cb; ++ch) {
-      T u, v;
-      f(j, ch, u, v);
-      a[ch] += double(u);
-      b[ch] += double(v);
     }
-  for (index_t l = 0; l < lanes; ++l)
-    for (index_t ch = 0; ch < cb; ++ch) {
-      a[ch] += double(ua[l * bl + ch]);
-      b[ch] += double(va[l * bl + ch]);
+  if (k0 == cb) return;
+  for (index_t j = j0; j < j1; j += bn_nhwc_lanes)  // the last channels, fewer than a vector
+    for (index_t l = 0; l < bn_nhwc_lanes; ++l) {
+      const index_t p = (j + l) * c;
+      for (index_t k = k0; k < cb; ++k) {
+        T u, v;
+        value(p, k, u, v);
+        u_l[l * cb + k] += u;
+        if constexpr (Two) v_l[l * cb + k] += v;
+      }
     }
 }
 
-// Mean and biased variance of channels [c0, c0 + cb): batchnorm2d_channel_stats per channel.
+// batchnorm2d_lane_sums for channels [c0, c1) of one image at once: a[k] += sum of u, b[k] +=
+// sum of v (b only when Two; k = ch - c0) over the image's hw rows, per channel in the same
+// order — value j into lane j % 16 below hw - hw % 16, the tail and then the lanes added in
+// double. blk(k0) returns the value functor of the block starting at channel c0 + k0:
+// value(p, k, u, v) for the element p + k past that block's first element of row 0 (p = j * c).
+// lanes: scratch of 2 * 16 * (c1 - c0) values, a block's lanes together.
+template <class T, bool Two, class Blk>
+void batchnorm2d_nhwc_lane_sums(index_t hw, index_t c, index_t c0, index_t c1, double* a, double* b, T* lanes,
+                                const Blk& blk) {
+  constexpr index_t l_n = bn_nhwc_lanes, bl = bn_nhwc_block;
+  const index_t cw = c1 - c0, main = hw - hw % l_n, tile = bn_nhwc_tile_rows<T>(cw);
+  T* ua = lanes;
+  T* va = lanes + l_n * cw;
+  std::fill(lanes, lanes + (Two ? 2 : 1) * l_n * cw, T(0));
+  for (index_t j0 = 0; j0 < main; j0 += tile) {
+    const index_t j1 = std::min(main, j0 + tile);
+    for (index_t k0 = 0; k0 < cw; k0 += bl) {
+      const index_t cb = std::min(bl, cw - k0), off = k0 * l_n;
+      batchnorm2d_nhwc_lane_block<T, Two>(j0, j1, cb, c, ua + off, va + off, blk(k0));
+    }
+  }
+  const auto value = blk(0);
+  for (index_t j = main; j < hw; ++j)
+    for (index_t k = 0; k < cw; ++k) {
+      T u, v;
+      value(j * c, k, u, v);
+      a[k] += double(u);
+      if constexpr (Two) b[k] += double(v);
+    }
+  for (index_t k0 = 0; k0 < cw; k0 += bl) {
+    const index_t cb = std::min(bl, cw - k0), off = k0 * l_n;
+    for (index_t l = 0; l < l_n; ++l)
+      for (index_t k = 0; k < cb; ++k) {
+        a[k0 + k] += double(ua[off + l * cb + k]);
+        if constexpr (Two) b[k0 + k] += double(va[off + l * cb + k]);
+      }
+  }
+}
+
+// Mean and biased variance of channels [c0, c1) (indexed ch - c0): batchnorm2d_channel_stats per
+// channel.
 template <class T>
-void batchnorm2d_nhwc_stats(index_t n, index_t c, index_t hw, const T* x, index_t c0, index_t cb,
+void batchnorm2d_nhwc_stats(index_t n, index_t c, index_t hw, const T* x, index_t c0, index_t c1,
                             double* mean, double* var) {
-  constexpr index_t bl = bn_nhwc_block;
-  double sum[bl] = {}, unused[bl] = {}, sq[bl] = {}, shift[bl] = {};
+  const index_t cw = c1 - c0;
+  const auto ucw = static_cast<std::size_t>(cw);
+  std::vector<double> sum(ucw, 0.0), sq(ucw, 0.0), shift(ucw, 0.0);
+  std::vector<T> lanes(static_cast<std::size_t>(2 * bn_nhwc_lanes * cw)), mu(static_cast<std::size_t>(cw));
   for (index_t i = 0; i < n; ++i) {
-    const T* p = x + i * hw * c + c0;
-    batchnorm2d_nhwc_lane_sums<T>(hw, cb, sum, unused, [&](index_t j, index_t ch, T& u, T& v) {
-      u = p[j * c + ch];
-      v = T(0);
+    const T* xi = x + i * hw * c + c0;
+    batchnorm2d_nhwc_lane_sums<T, false>(hw, c, c0, c1, sum.data(), nullptr, lanes.data(), [xi](index_t k0) {
+      return [p0 = xi + k0](index_t p, index_t k, T& u, T&) { u = p0[p + k]; };
     });
   }
   const double m = double(n * hw);
-  T mu[bl];
-  for (index_t ch = 0; ch < cb; ++ch) mu[ch] = T(mean[ch] = sum[ch] / m);
+  for (index_t k = 0; k < cw; ++k) mu[std::size_t(k)] = T(mean[k] = sum[std::size_t(k)] / m);
   for (index_t i = 0; i < n; ++i) {
-    const T* p = x + i * hw * c + c0;
-    batchnorm2d_nhwc_lane_sums<T>(hw, cb, sq, shift, [&](index_t j, index_t ch, T& u, T& v) {
-      const T d = p[j * c + ch] - mu[ch];
-      u = d * d;
-      v = d;
+    const T* xi = x + i * hw * c + c0;
+    batchnorm2d_nhwc_lane_sums<T, true>(hw, c, c0, c1, sq.data(), shift.data(), lanes.data(), [&](index_t k0) {
+      return [p0 = xi + k0, m0 = mu.data() + k0](index_t p, index_t k, T& u, T& v) {
+        const T d = p0[p + k] - m0[k];
+        u = d * d;
+        v = d;
+      };
     });
   }
   // mu is mean rounded to T: sum((x - mu)^2) / m - (sum(x - mu) / m)^2 corrects for it.
-  for (index_t ch = 0; ch < cb; ++ch) {
-    const double dm = shift[ch] / m;
-    var[ch] = std::max(0.0, sq[ch] / m - dm * dm);
+  for (index_t k = 0; k < cw; ++k) {
+    const double dm = shift[std::size_t(k)] / m;
+    var[k] = std::max(0.0, sq[std::size_t(k)] / m - dm * dm);
   }
 }
 
-// y = act((x - mean) * scale + shift [+ res]) in T over channels [c0, c0 + cb), as
-// batchnorm2d_channel_affine.
+// y = act((x - mean) * scale + shift [+ res]) in T over channels [c0, c1), as
+// batchnorm2d_channel_affine; mean, scale, shift indexed ch - c0. Rows in order, each row's
+// channels one contiguous run.
 template <class T, class Act>
-void batchnorm2d_nhwc_affine(index_t rows, index_t c, const T* x, index_t c0, index_t cb,
+void batchnorm2d_nhwc_affine(index_t rows, index_t c, const T* x, index_t c0, index_t c1,
                              const double* mean, const double* scale, const double* shift, T* y,
                              Act act, const T* res = nullptr) {
-  constexpr index_t bl = bn_nhwc_block;
-  T m[bl], a[bl], b[bl];
-  for (index_t ch = 0; ch < cb; ++ch)
-    m[ch] = T(mean[ch]), a[ch] = T(scale[ch]), b[ch] = T(shift[ch]);
-  for (index_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * c + c0;
-    T* yr = y + r * c + c0;
-    if (res) {
-      const T* rr = res + r * c + c0;
-      for (index_t ch = 0; ch < cb; ++ch) yr[ch] = act(T(T((xr[ch] - m[ch]) * a[ch] + b[ch]) + rr[ch]));
+  const index_t cw = c1 - c0;
+  std::vector<T> mab(std::size_t(3 * cw));
+  T* m = mab.data();
+  T* a = m + cw;
+  T* b = a + cw;
+  for (index_t k = 0; k < cw; ++k) m[k] = T(mean[k]), a[k] = T(scale[k]), b[k] = T(shift[k]);
+  // y may be x's or res's own storage (in place: each element read, then written); the constants
+  // are restrict, being nobody else's memory.
+  auto row = [&](const T* xr, const T* rr, T* yr, const T* __restrict mk,
+                 const T* __restrict ak, const T* __restrict bk) {
+    if (rr) {
+      for (index_t k = 0; k < cw; ++k) yr[k] = act(T(T((xr[k] - mk[k]) * ak[k] + bk[k]) + rr[k]));
     } else {
-      for (index_t ch = 0; ch < cb; ++ch) yr[ch] = act(T((xr[ch] - m[ch]) * a[ch] + b[ch]));
+      for (index_t k = 0; k < cw; ++k) yr[k] = act(T((xr[k] - mk[k]) * ak[k] + bk[k]));
     }
-  }
+  };
+  for (index_t r = 0; r < rows; ++r)
+    row(x + r * c + c0, res ? res + r * c + c0 : nullptr, y + r * c + c0, m, a, b);
 }
 
 }  // namespace detail
@@ -141,14 +212,14 @@ void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x
   KILN_CHECK((running_mean == nullptr) == (running_var == nullptr), ValueError, fn,
              ": running_mean and running_var must both be given or both be null");
   const double m = double(n * hw);
-  detail::batchnorm2d_nhwc_blocks(c, threads, [&](index_t c0, index_t cb) {
-    constexpr index_t bl = detail::bn_nhwc_block;
-    double mean[bl], var[bl], invstd[bl], scale[bl], shift[bl];
-    detail::batchnorm2d_nhwc_stats(n, c, hw, x, c0, cb, mean, var);
-    for (index_t k = 0; k < cb; ++k) {
-      const index_t ch = c0 + k;
-      invstd[k] = 1.0 / std::sqrt(var[k] + eps);
-      scale[k] = invstd[k] * (gamma ? double(gamma[ch]) : 1.0);
+  detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
+    const std::size_t cw = std::size_t(c1 - c0);
+    std::vector<double> mean(cw), var(cw), scale(cw), shift(cw);
+    detail::batchnorm2d_nhwc_stats(n, c, hw, x, c0, c1, mean.data(), var.data());
+    for (std::size_t k = 0; k < cw; ++k) {
+      const index_t ch = c0 + index_t(k);
+      const double invstd = 1.0 / std::sqrt(var[k] + eps);
+      scale[k] = invstd * (gamma ? double(gamma[ch]) : 1.0);
       shift[k] = beta ? double(beta[ch]) : 0.0;
       if (running_mean) {
         running_mean[ch] = T((1.0 - momentum) * double(running_mean[ch]) + momentum * mean[k]);
@@ -156,9 +227,10 @@ void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x
             T((1.0 - momentum) * double(running_var[ch]) + momentum * var[k] * m / (m - 1.0));
       }
       if (save_mean) save_mean[ch] = T(mean[k]);
-      if (save_invstd) save_invstd[ch] = T(invstd[k]);
+      if (save_invstd) save_invstd[ch] = T(invstd);
     }
-    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, cb, mean, scale, shift, y, act, residual);
+    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
+                                    act, residual);
   });
 }
 
@@ -175,16 +247,17 @@ void batchnorm2d_nhwc_eval_forward(index_t n, index_t c, index_t hw, const T* x,
   detail::batchnorm2d_check_eps(fn, eps);
   KILN_CHECK(running_mean != nullptr && running_var != nullptr, ValueError, fn,
              ": eval mode needs running_mean and running_var");
-  detail::batchnorm2d_nhwc_blocks(c, threads, [&](index_t c0, index_t cb) {
-    constexpr index_t bl = detail::bn_nhwc_block;
-    double mean[bl], scale[bl], shift[bl];
-    for (index_t k = 0; k < cb; ++k) {
-      const index_t ch = c0 + k;
+  detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
+    const std::size_t cw = std::size_t(c1 - c0);
+    std::vector<double> mean(cw), scale(cw), shift(cw);
+    for (std::size_t k = 0; k < cw; ++k) {
+      const index_t ch = c0 + index_t(k);
       mean[k] = double(running_mean[ch]);
       scale[k] = 1.0 / std::sqrt(double(running_var[ch]) + eps) * (gamma ? double(gamma[ch]) : 1.0);
       shift[k] = beta ? double(beta[ch]) : 0.0;
     }
-    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, cb, mean, scale, shift, y, act, residual);
+    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
+                                    act, residual);
   });
 }
 
@@ -202,33 +275,44 @@ void batchnorm2d_nhwc_backward(index_t n, index_t c, index_t hw, const T* x, con
   KILN_CHECK(save_mean != nullptr && save_invstd != nullptr, ValueError, fn,
              ": needs save_mean and save_invstd from batchnorm2d_nhwc_train_forward");
   const double m = double(n * hw);
-  detail::batchnorm2d_nhwc_blocks(c, threads, [&](index_t c0, index_t cb) {
-    constexpr index_t bl = detail::bn_nhwc_block;
-    T zm[bl], zs[bl], zb[bl];
-    for (index_t k = 0; k < cb; ++k) {
+  detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
+    const index_t cw = c1 - c0;
+    std::vector<T> consts(std::size_t(6 * cw)), lanes(std::size_t(2 * detail::bn_nhwc_lanes * cw));
+    // Per channel k = ch - c0 of the range.
+    T* zm = consts.data();
+    T* zs = zm + cw;
+    T* zb = zs + cw;
+    T* kk = zb + cw;
+    T* mean_dy = kk + cw;
+    T* slope = mean_dy + cw;
+    for (index_t k = 0; k < cw; ++k) {
       const index_t ch = c0 + k;
       const double g = gamma ? double(gamma[ch]) : 1.0;
       zm[k] = save_mean[ch];  // T(double(save_mean)) == save_mean
       zs[k] = T(double(save_invstd[ch]) * g);
       zb[k] = T(beta ? double(beta[ch]) : 0.0);
     }
-    // dz at row r, channel k of the block: dy, or dy * act'(z) with z recomputed as the forward.
-    auto dz = [&](index_t r, index_t k) {
-      const index_t i = r * c + c0 + k;
-      if constexpr (has_act) return T(dy[i] * act.d(T((x[i] - zm[k]) * zs[k] + zb[k])));
-      else return dy[i];
-    };
-    double sum_dy[bl] = {}, sum_dy_xm[bl] = {};
+    std::vector<double> sums(std::size_t(4 * cw));
+    double* sum_dy = sums.data();
+    double* sum_dy_xm = sum_dy + cw;
+    double* a = sum_dy_xm + cw;
+    double* b = a + cw;
     for (index_t i = 0; i < n; ++i) {
-      double a[bl] = {}, b[bl] = {};  // per image, then added: batchnorm2d_backward's order
-      detail::batchnorm2d_nhwc_lane_sums<T>(hw, cb, a, b, [&](index_t j, index_t k, T& u, T& v) {
-        u = dz(i * hw + j, k);
-        v = u * (x[(i * hw + j) * c + c0 + k] - zm[k]);
+      std::fill(a, a + 2 * cw, 0.0);  // per image, then added: batchnorm2d_backward's order
+      const index_t e0 = i * hw * c + c0;
+      // dz: dy, or dy * act'(z) with z recomputed as the forward; then dz and dz * (x - mean).
+      detail::batchnorm2d_nhwc_lane_sums<T, true>(hw, c, c0, c1, a, b, lanes.data(), [&](index_t k0) {
+        return [xk = x + e0 + k0, dyk = dy + e0 + k0, mk = zm + k0, sk = zs + k0, bk = zb + k0, act](
+                   index_t p, index_t k, T& u, T& v) {
+          const T xm = xk[p + k] - mk[k];
+          if constexpr (!std::is_same_v<Act, NoActivation>) u = T(dyk[p + k] * act.d(T(xm * sk[k] + bk[k])));
+          else u = dyk[p + k];
+          v = u * xm;
+        };
       });
-      for (index_t k = 0; k < cb; ++k) sum_dy[k] += a[k], sum_dy_xm[k] += b[k];
+      for (index_t k = 0; k < cw; ++k) sum_dy[k] += a[k], sum_dy_xm[k] += b[k];
     }
-    T kk[bl], mean_dy[bl], slope[bl];
-    for (index_t k = 0; k < cb; ++k) {
+    for (index_t k = 0; k < cw; ++k) {
       const index_t ch = c0 + k;
       const double invstd = double(save_invstd[ch]), g = gamma ? double(gamma[ch]) : 1.0;
       const double sum_dy_xhat = sum_dy_xm[k] * invstd;
@@ -237,11 +321,21 @@ void batchnorm2d_nhwc_backward(index_t n, index_t c, index_t hw, const T* x, con
       kk[k] = T(g * invstd), mean_dy[k] = T(sum_dy[k] / m), slope[k] = T(invstd * sum_dy_xhat / m);
     }
     if (!dx) return;
-    for (index_t r = 0; r < n * hw; ++r)
-      for (index_t k = 0; k < cb; ++k) {
-        const index_t i = r * c + c0 + k;
-        dx[i] = kk[k] * (dz(r, k) - mean_dy[k] - (x[i] - zm[k]) * slope[k]);
+    // dx may be dy's own storage (in place, element by element); the constants are restrict,
+    // being nobody else's memory.
+    auto row = [&](T* dxr, const T* xr, const T* dyr, const T* __restrict c_m,
+                   const T* __restrict c_s, const T* __restrict c_b, const T* __restrict c_k,
+                   const T* __restrict c_mdy, const T* __restrict c_sl) {
+      for (index_t k = 0; k < cw; ++k) {
+        T d = dyr[k];
+        if constexpr (has_act) d = T(d * act.d(T((xr[k] - c_m[k]) * c_s[k] + c_b[k])));
+        dxr[k] = c_k[k] * (d - c_mdy[k] - (xr[k] - c_m[k]) * c_sl[k]);
       }
+    };
+    for (index_t r = 0; r < n * hw; ++r) {
+      const index_t e = r * c + c0;
+      row(dx + e, x + e, dy + e, zm, zs, zb, kk, mean_dy, slope);
+    }
   });
 }
 
@@ -259,20 +353,29 @@ void batchnorm2d_nhwc_eval_backward(index_t n, index_t c, index_t hw, const T* x
   detail::batchnorm2d_check_eps(fn, eps);
   KILN_CHECK(running_mean != nullptr && running_var != nullptr, ValueError, fn,
              ": eval mode needs running_mean and running_var");
-  detail::batchnorm2d_nhwc_blocks(c, threads, [&](index_t c0, index_t cb) {
-    constexpr index_t bl = detail::bn_nhwc_block;
-    double invstd[bl], mean[bl], g[bl], sum_dy[bl] = {}, sum_dy_xhat[bl] = {};
-    T zm[bl], zs[bl], zb[bl];
-    for (index_t k = 0; k < cb; ++k) {
-      const index_t ch = c0 + k;
+  detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
+    const std::size_t cw = std::size_t(c1 - c0);
+    std::vector<double> dconsts(5 * cw, 0.0);
+    std::vector<T> consts(3 * cw);
+    // Per channel k = ch - c0 of the range.
+    double* invstd = dconsts.data();
+    double* mean = invstd + cw;
+    double* g = mean + cw;
+    double* sum_dy = g + cw;
+    double* sum_dy_xhat = sum_dy + cw;
+    T* zm = consts.data();
+    T* zs = zm + cw;
+    T* zb = zs + cw;
+    for (std::size_t k = 0; k < cw; ++k) {
+      const index_t ch = c0 + index_t(k);
       invstd[k] = 1.0 / std::sqrt(double(running_var[ch]) + eps);
       mean[k] = double(running_mean[ch]);
       g[k] = gamma ? double(gamma[ch]) : 1.0;
       zm[k] = T(mean[k]), zs[k] = T(invstd[k] * g[k]), zb[k] = T(beta ? double(beta[ch]) : 0.0);
     }
     for (index_t r = 0; r < n * hw; ++r)
-      for (index_t k = 0; k < cb; ++k) {
-        const index_t i = r * c + c0 + k;
+      for (std::size_t k = 0; k < cw; ++k) {
+        const index_t i = r * c + c0 + index_t(k);
         double d;
         if constexpr (has_act) d = double(dy[i] * act.d(T((x[i] - zm[k]) * zs[k] + zb[k])));
         else d = double(dy[i]);
@@ -280,9 +383,9 @@ void batchnorm2d_nhwc_eval_backward(index_t n, index_t c, index_t hw, const T* x
         sum_dy_xhat[k] += d * (double(x[i]) - mean[k]) * invstd[k];
         if (dx) dx[i] = T(d * g[k] * invstd[k]);
       }
-    for (index_t k = 0; k < cb; ++k) {
-      if (dbeta) dbeta[c0 + k] = T(sum_dy[k]);
-      if (dgamma) dgamma[c0 + k] = T(sum_dy_xhat[k]);
+    for (std::size_t k = 0; k < cw; ++k) {
+      if (dbeta) dbeta[c0 + index_t(k)] = T(sum_dy[k]);
+      if (dgamma) dgamma[c0 + index_t(k)] = T(sum_dy_xhat[k]);
     }
   });
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 
 #include "kiln/backend/cpu/conv2d.hpp"
 
@@ -122,7 +123,8 @@ const T* conv2d_nhwc_columns(const Conv2dShape& s, const T* x, index_t n0, index
 
 // y = epilogue(conv(x, w)): for each output pixel row = n*OH*OW + oh*OW + ow, the chunk's GEMM
 // values z [Cout] are handed to epi(row, z, y + row*Cout, Cout), which writes y's row (and
-// whatever else it keeps) while z is in cache.
+// whatever else it keeps) while z is in cache. An epilogue with copies_only() true is not
+// called: the GEMM writes y.
 template <class T, class Epilogue>
 void conv2d_nhwc_forward_epilogue(const Conv2dShape& s, const T* x, const T* w, T* y, int threads,
                                   const Epilogue& epi) {
@@ -133,14 +135,20 @@ void conv2d_nhwc_forward_epilogue(const Conv2dShape& s, const T* x, const T* w, 
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
   const index_t chunk = detail::conv2d_chunk<T>(s);
   T* wp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
-  T* z = detail::conv2d_scratch<T, detail::conv_nhwc_slot_z>(std::size_t(chunk * ohw * s.c_out));
+  // An epilogue that would copy z unchanged (no bias, no activation, nothing kept) lets the GEMM
+  // write y's rows itself: NHWC's GEMM rows are y's rows, so the copy pass is saved.
+  bool direct = false;
+  if constexpr (requires { { epi.copies_only() } -> std::convertible_to<bool>; }) direct = epi.copies_only();
+  T* z = direct ? nullptr
+                : detail::conv2d_scratch<T, detail::conv_nhwc_slot_z>(std::size_t(chunk * ohw * s.c_out));
   detail::conv2d_nhwc_permute<true>(s, w, wp);
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
     const T* col = detail::conv2d_nhwc_columns(s, x, n0, cn, threads);
-    gemm<T>(trans::no, trans::yes, rows, s.c_out, k, T(1), col, k, wp, k, T(0), z, s.c_out,
-            threads);
     const index_t r0 = n0 * ohw;
+    gemm<T>(trans::no, trans::yes, rows, s.c_out, k, T(1), col, k, wp, k, T(0),
+            direct ? y + r0 * s.c_out : z, s.c_out, threads);
+    if (direct) continue;
     detail::conv2d_parallel(rows, threads, [&](index_t r) {
       epi(r0 + r, z + r * s.c_out, y + (r0 + r) * s.c_out, s.c_out);
     });
