@@ -10,7 +10,11 @@
 // nn::freeze: no gradients below layer4, their batch norms on running statistics; AdamW over the
 // rest), as examples/finetune_resnet and the peer do.
 //
-// Output, JSON lines: the peer's lines first; then kiln's: bench, model, size (224: the images'
+// kiln's model runs channels-last (ResNet50::with_layout<nhwc>, as examples/finetune_resnet):
+// the CPU layout its convolutions and batch norm run fastest in (README, "Layouts"); the peer is
+// measured in both of its layouts.
+//
+// Output, JSON lines: the peer's lines first; then kiln's: bench, model, layout, size (224: the images'
 // side, fixed in the model's type, as a program has one), batch, threads, train_from, step_ms
 // (median over --steps after one warm-up step), images_per_s, kernels_per_step (measured) and
 // predicted (from the model's type), peak_rss_mib (this process's peak resident memory: model,
@@ -44,7 +48,7 @@ namespace {
 using kiln::index_t;
 
 constexpr index_t Size = 224;
-using Model = kiln::models::ResNet50<10, Size>;
+using Model = kiln::models::ResNet50<10, Size>::with_layout<kiln::nn::layout::nhwc>;
 
 struct Peer {
   std::string name;
@@ -87,7 +91,7 @@ void run(index_t batch, int threads, int steps, const std::string& train_from, c
   (void)step.take_losses(/*require_finite=*/true);
   const auto rep = kiln::train::report(step);
   const double median = kiln_bench::median(ms);
-  std::printf("{\"bench\":\"resnet50_step\",\"model\":\"resnet50\",\"size\":%lld,\"batch\":%lld,\"threads\":%d,"
+  std::printf("{\"bench\":\"resnet50_step\",\"model\":\"resnet50\",\"layout\":\"nhwc\",\"size\":%lld,\"batch\":%lld,\"threads\":%d,"
               "\"train_from\":\"%s\",\"step_ms\":%.2f,\"images_per_s\":%.2f,\"kernels_per_step\":%.0f,"
               "\"predicted\":%lld,\"peak_rss_mib\":%.1f,\"peak_tensors_mib\":%.1f,\"cache_kept_mib\":%.1f}\n",
               (long long)Size, (long long)batch, threads, train_from.c_str(), median, double(batch) / (median / 1e3),

@@ -311,6 +311,36 @@ TEST_CASE("conv2d_nhwc_forward_epilogue: an epilogue that copies only lets the G
   }
 }
 
+TEST_CASE("conv2d_nhwc_forward packs patches from x: the same bits as im2col and gemm_own") {
+  // Padding, stride, dilation; k = 9 * 40 = 360 (two k blocks), rows not a multiple of the
+  // panel height, one image and several.
+  for (const Conv2dShape& s :
+       {Conv2dShape{.n = 3, .c_in = 40, .h = 9, .w = 8, .c_out = 33, .kh = 3, .kw = 3, .stride_h = 2,
+                    .stride_w = 1, .pad_h = 1, .pad_w = 1},
+        Conv2dShape{.n = 1, .c_in = 3, .h = 13, .w = 11, .c_out = 8, .kh = 5, .kw = 3, .stride_h = 1,
+                    .stride_w = 2, .pad_h = 2, .pad_w = 0, .dil_h = 2, .dil_w = 1},
+        Conv2dShape{.n = 2, .c_in = 7, .h = 6, .w = 6, .c_out = 64, .kh = 3, .kw = 3, .stride_h = 1,
+                    .stride_w = 1, .pad_h = 1, .pad_w = 1, .dil_h = 1, .dil_w = 2}}) {
+    INFO(describe(s));
+    std::mt19937_64 rng(31);
+    const auto x = random_vec<float>(x_size(s), rng), w = random_vec<float>(w_size(s), rng);
+    const index_t k = s.col_rows(), ohw = s.out_h() * s.out_w(), rows = s.n * ohw;
+    std::vector<float> col(std::size_t(rows * k)), wp(std::size_t(s.c_out * k));
+    for (index_t i = 0; i < s.n; ++i)
+      for (index_t oh = 0; oh < s.out_h(); ++oh)
+        kiln::cpu::detail::im2col_nhwc(s, x.data() + i * s.h * s.w * s.c_in, oh,
+                                       col.data() + (i * ohw + oh * s.out_w()) * k);
+    kiln::cpu::detail::conv2d_nhwc_permute<true>(s, w.data(), wp.data());
+    std::vector<float> want(y_size(s)), got(y_size(s));
+    kiln::cpu::gemm_own<float>(kiln::cpu::trans::no, kiln::cpu::trans::yes, rows, s.c_out, k, 1.f, col.data(), k, wp.data(), k, 0.f,
+                               want.data(), s.c_out, 1);
+    for (int threads : {1, 2}) {
+      kiln::cpu::conv2d_nhwc_forward<float>(s, x.data(), w.data(), nullptr, got.data(), threads);
+      check_identical("y", got, want);
+    }
+  }
+}
+
 TEST_CASE("conv2d_nhwc shape errors name the function and the sizes") {
   std::vector<float> buf(4096);
   float* p = buf.data();

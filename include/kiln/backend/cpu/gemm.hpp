@@ -239,6 +239,29 @@ void gemm(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alp
                         n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
 }
 
+// C = op(A) * op(B) + beta * C where op(A), m x k, packs its own panels (detail::gemm_a_source:
+// rows [r0, r0 + rows) x columns [p0, p0 + kc) into panels of gemm_source_rows<T> rows, k-major,
+// padding rows zero) instead of being read from memory — an implicit matrix, such as a
+// convolution's patches gathered from the image. kiln's own kernel, float or double, whatever
+// the backend setting; never computed as C^T. k blocks are at most gemm_source_kc<T>. Same
+// blocks, same products, same order as gemm_own on the explicit matrix: the same bits.
+template <class T>
+inline constexpr int gemm_source_rows = detail::gemm_blocking<T>::mr;
+template <class T>
+inline constexpr index_t gemm_source_kc = detail::gemm_blocking<T>::kc;
+template <class T>
+void gemm_with_a_source(index_t m, index_t n, index_t k, const detail::gemm_a_source<T>& a, trans tb,
+                        const T* b, index_t ldb, T beta, T* c, index_t ldc, int threads) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "kiln::cpu::gemm_with_a_source: T must be float or double");
+  const bool bt = tb == trans::yes;
+  KILN_CHECK(m >= 0 && n >= 0 && k >= 0 && ldb >= (bt ? k : n) && ldc >= n && threads >= 0, ShapeError,
+             "kiln::cpu::gemm_with_a_source: m=", m, " n=", n, " k=", k, " ldb=", ldb, " ldc=", ldc,
+             " threads=", threads);
+  const detail::gemm_problem<T, T> g{m, n, k, T(1), beta, nullptr, 0, 0, b, bt ? 1 : ldb, bt ? ldb : 1, c, ldc, 1};
+  detail::gemm_blocked<detail::gemm_kernel_fp<T, T>>(g, threads, {}, &a);
+}
+
 // kiln::kernels (kiln/config.hpp) compiles the GEMM entry points once per element type — kiln's
 // own kernels, packing and blocking, the dispatch to CBLAS — in src/kernels/gemm.cpp.
 #define KILN_CPU_GEMM_INSTANCES(EXTERN, T)                                                                   \
@@ -249,7 +272,12 @@ void gemm(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alp
   EXTERN template void gemm_tuned<T>(trans, trans, index_t, index_t, index_t, gemm_acc_t<T>, const T*, index_t, \
                                      const T*, index_t, gemm_acc_t<T>, gemm_acc_t<T>*, index_t, int,            \
                                      const gemm_tuning&);
+#define KILN_CPU_GEMM_SOURCE_INSTANCES(EXTERN, T)                                                    \
+  EXTERN template void gemm_with_a_source<T>(index_t, index_t, index_t, const detail::gemm_a_source<T>&, trans, \
+                                             const T*, index_t, T, T*, index_t, int);
 #if KILN_EXTERN_KERNELS
+KILN_CPU_GEMM_SOURCE_INSTANCES(extern, float)
+KILN_CPU_GEMM_SOURCE_INSTANCES(extern, double)
 KILN_CPU_GEMM_INSTANCES(extern, float)
 KILN_CPU_GEMM_INSTANCES(extern, double)
 KILN_CPU_GEMM_INSTANCES(extern, bf16)

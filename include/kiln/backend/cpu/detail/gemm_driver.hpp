@@ -228,10 +228,23 @@ std::size_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int threads) {
   return std::size_t(gemm_b_length<K>(plan) + gemm_a_length<K>(plan) * team) * sizeof(typename K::packed);
 }
 
+// An op(A) that packs its own panels instead of being read from memory (an implicit matrix: a
+// convolution's patches gathered straight from the image, with no column matrix in between).
+// pack(ctx, r0, rows, p0, kc, dst) writes rows [r0, r0 + rows) x columns [p0, p0 + kc) of op(A)
+// as pack_panels<K::mr> would: panels of mr rows, each k-major, rows past `rows` zero. Called
+// from every thread of the product at once, for disjoint row blocks.
+template <class P>
+struct gemm_a_source {
+  void (*pack)(const void* ctx, index_t r0, index_t rows, index_t p0, index_t kc, P* dst);
+  const void* ctx;
+};
+
 // The loop nest as run by thread `tid` of `team`; with team == 1 it is the whole product.
+// a_src: op(A)'s panels come from it (g.a is not read).
 template <class K, class T, class Acc>
 void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::packed* bbuf,
-              typename K::packed* abuf, int tid, int team) {
+              typename K::packed* abuf, int tid, int team,
+              const gemm_a_source<typename K::packed>* a_src = nullptr) {
   constexpr int MR = K::mr;
   constexpr int NR = K::nr;
   for (index_t jc = 0; jc < g.n; jc += plan.nc) {
@@ -260,7 +273,8 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
         const index_t ib = t / plan.nsplit;
         const index_t ic = ib * plan.mc;
         const index_t mc = std::min(plan.mc, g.m - ic);
-        K::template pack<MR>(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
+        if (a_src) a_src->pack(a_src->ctx, ic, mc, pc, kc, abuf);
+        else K::template pack<MR>(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
         const item_range cols = split_range(npanels, plan.nsplit, t % plan.nsplit);
         for (index_t jp = cols.begin; jp < cols.end; ++jp) {
           const int nr = static_cast<int>(std::min<index_t>(NR, nc - jp * NR));
@@ -285,15 +299,18 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
 
 // kiln's own GEMM on validated arguments, with the microkernel and packing of K (above).
 // requires: m, n, k >= 0, strides valid for the extents, C row-major (c_cs == 1).
+// a_src: op(A) packs itself (see gemm_a_source); the product is then never transposed.
 template <class K, class T, class Acc>
-void gemm_blocked(gemm_problem<T, Acc> g, int threads, const gemm_tuning& tuning = {}) {
+void gemm_blocked(gemm_problem<T, Acc> g, int threads, const gemm_tuning& tuning = {},
+                  const gemm_a_source<typename K::packed>* a_src = nullptr) {
   using P = typename K::packed;
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0 || g.alpha == Acc(0)) {  // BLAS: A and B are not read when alpha == 0
     scale_c(g.m, g.n, g.beta, g.c, g.c_rs);
     return;
   }
-  if (tuning.orientation == 0 ? prefer_transposed<K>(g.m, g.n) : tuning.orientation == 2) g = transposed(g);
+  if (a_src == nullptr && (tuning.orientation == 0 ? prefer_transposed<K>(g.m, g.n) : tuning.orientation == 2))
+    g = transposed(g);
   int team = gemm_team_size(threads, g.m, g.n, g.k);
 #ifdef _OPENMP
   if (tuning.team > 0) team = omp_in_parallel() ? 1 : tuning.team;
@@ -312,12 +329,12 @@ void gemm_blocked(gemm_problem<T, Acc> g, int threads, const gemm_tuning& tuning
     {
       // The team may be smaller than asked (OMP_THREAD_LIMIT, dynamic adjustment): use its size.
       const int tid = omp_get_thread_num();
-      gemm_run<K>(g, plan, ws, ws + b_len + a_len * tid, tid, omp_get_num_threads());
+      gemm_run<K>(g, plan, ws, ws + b_len + a_len * tid, tid, omp_get_num_threads(), a_src);
     }
     return;
   }
 #endif
-  gemm_run<K>(g, plan, ws, ws + b_len, 0, 1);
+  gemm_run<K>(g, plan, ws, ws + b_len, 0, 1, a_src);
 }
 
 }  // namespace kiln::cpu::detail
