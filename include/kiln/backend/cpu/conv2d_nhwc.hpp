@@ -7,7 +7,8 @@
 // (img, oh, ow) is that pixel's patch in (i, j, c) order, so a tap copies Cin contiguous values
 // (a whole KW*Cin run when dil_w == 1). With the weight permuted to wp [Cout, KH*KW*Cin],
 // Y = col * wp^T comes out in NHWC already; backward data is dcol = dY * wp then a col2im
-// scatter-add, backward filter dwp += dY^T * col, permuted back. dy is used in place: no gather.
+// gathered per input pixel, backward filter dwp += dY^T * col, permuted back. dy is used in
+// place: no transpose.
 // 1x1 stride-1 unpadded convolutions skip im2col: x's rows are the column matrix. The forward
 // never writes the column matrix: kiln's GEMM packs each block of patches from x itself
 // (detail::NhwcPatches); backward-filter still gathers it (it is that product's B operand).
@@ -32,17 +33,23 @@ inline bool conv2d_nhwc_pointwise(const Conv2dShape& s) {
          s.pad_w == 0;
 }
 
-// wp[co][(i*KW + j)*Cin + c] = w[co][c][i][j] (ToPatch), or the inverse.
+// wp[co][(i*KW + j)*Cin + c] = w[co][c][i][j] (ToPatch), or the inverse. Split over output
+// channels when the weight is large (layer4's 3x3: 2.4 M values, three times per step: serial,
+// it left the second thread waiting), each written in its own order.
 template <bool ToPatch, class T>
-void conv2d_nhwc_permute(const Conv2dShape& s, const T* from, T* to) {
-  const index_t taps = s.kh * s.kw;
-  for (index_t co = 0; co < s.c_out; ++co)
-    for (index_t c = 0; c < s.c_in; ++c)
-      for (index_t t = 0; t < taps; ++t) {
-        const index_t nchw = (co * s.c_in + c) * taps + t, patch = (co * taps + t) * s.c_in + c;
-        if constexpr (ToPatch) to[patch] = from[nchw];
-        else to[nchw] = from[patch];
-      }
+void conv2d_nhwc_permute(const Conv2dShape& s, const T* from, T* to, int threads = 1) {
+  const index_t taps = s.kh * s.kw, cin = s.c_in;
+  conv2d_parallel(s.c_out, s.c_out * cin * taps >= (index_t(1) << 16) ? threads : 1, [&](index_t co) {
+    const T* src = from + co * cin * taps;
+    T* dst = to + co * cin * taps;
+    if constexpr (ToPatch) {
+      for (index_t t = 0; t < taps; ++t)
+        for (index_t c = 0; c < cin; ++c) dst[t * cin + c] = src[c * taps + t];
+    } else {
+      for (index_t c = 0; c < cin; ++c)
+        for (index_t t = 0; t < taps; ++t) dst[c * taps + t] = src[t * cin + c];
+    }
+  });
 }
 
 // Visits the taps of output pixel (oh, ow) that land inside image x_n [H, W, Cin]:
@@ -89,20 +96,30 @@ void im2col_nhwc(const Conv2dShape& s, const T* x_n, index_t oh, T* col) {
   }
 }
 
-// dx_n += col2im(dcol) for one image: the adjoint of im2col_nhwc, pixels in order.
+// Row ih of image dx_n += col2im(dcol): the adjoint of im2col_nhwc, gathered per input pixel so
+// that rows are independent (split across threads even when a chunk is one image, as layer1's
+// 3x3 convolutions are). A pixel's contributions are added in the order of the output pixels
+// that read it (oh, then ow, increasing: kernel rows and columns from the last one down), the
+// order a scatter over the output pixels would add them in, so the bits do not depend on the
+// split. fresh: the row is overwritten (starting from zero) instead of added to.
 template <class T>
-void col2im_nhwc_add(const Conv2dShape& s, const T* dcol, T* dx_n) {
-  const index_t k = s.col_rows(), ow_n = s.out_w();
-  for (index_t oh = 0; oh < s.out_h(); ++oh)
-    for (index_t ow = 0; ow < ow_n; ++ow) {
-      const T* in = dcol + (oh * ow_n + ow) * k;
-      conv2d_nhwc_taps(
-          s, oh, ow,
-          [&](index_t p, index_t q, index_t len) {
-            for (index_t e = 0; e < len; ++e) dx_n[q + e] += in[p + e];
-          },
-          [](index_t, index_t) {});
+void col2im_nhwc_row(const Conv2dShape& s, const T* dcol, index_t ih, T* dx_n, bool fresh) {
+  const index_t k = s.col_rows(), oh_n = s.out_h(), ow_n = s.out_w(), cin = s.c_in;
+  for (index_t iw = 0; iw < s.w; ++iw) {
+    T* d = dx_n + (ih * s.w + iw) * cin;
+    if (fresh) std::fill(d, d + cin, T(0));
+    for (index_t i = s.kh - 1; i >= 0; --i) {
+      const index_t rh = ih + s.pad_h - i * s.dil_h;
+      if (rh < 0 || rh % s.stride_h != 0 || rh / s.stride_h >= oh_n) continue;
+      const index_t oh = rh / s.stride_h;
+      for (index_t j = s.kw - 1; j >= 0; --j) {
+        const index_t rw = iw + s.pad_w - j * s.dil_w;
+        if (rw < 0 || rw % s.stride_w != 0 || rw / s.stride_w >= ow_n) continue;
+        const T* src = dcol + (oh * ow_n + rw / s.stride_w) * k + (i * s.kw + j) * cin;
+        for (index_t c = 0; c < cin; ++c) d[c] += src[c];
+      }
     }
+  }
 }
 
 // The chunk's column matrix: x's rows themselves for a pointwise convolution, else im2col into
@@ -183,7 +200,7 @@ void conv2d_nhwc_forward_epilogue(const Conv2dShape& s, const T* x, const T* w, 
   const bool patches = !detail::conv2d_nhwc_pointwise(s) && current_gemm_backend() == gemm_backend::own;
   T* z = direct ? nullptr
                 : detail::conv2d_scratch<T, detail::conv_nhwc_slot_z>(std::size_t(chunk * ohw * s.c_out));
-  detail::conv2d_nhwc_permute<true>(s, w, wp);
+  detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
     const index_t r0 = n0 * ohw;
@@ -233,7 +250,7 @@ void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T*
   T* dcol = pointwise ? nullptr
                       : detail::conv2d_scratch<T, detail::conv_nhwc_slot_col>(
                             std::size_t(chunk * ohw * k));
-  detail::conv2d_nhwc_permute<true>(s, w, wp);
+  detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
     const T* dyc = dy + n0 * ohw * s.c_out;
@@ -244,10 +261,9 @@ void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T*
     }
     gemm<T>(trans::no, trans::no, rows, k, s.c_out, T(1), dyc, s.c_out, wp, k, T(0), dcol, k,
             threads);
-    detail::conv2d_parallel(cn, threads, [&](index_t i) {
-      T* dxn = dx + (n0 + i) * hwc;
-      if (!accumulate) std::fill(dxn, dxn + hwc, T(0));
-      detail::col2im_nhwc_add(s, dcol + i * ohw * k, dxn);
+    detail::conv2d_parallel(cn * s.h, threads, [&](index_t r) {
+      const index_t i = r / s.h;
+      detail::col2im_nhwc_row(s, dcol + i * ohw * k, r % s.h, dx + (n0 + i) * hwc, !accumulate);
     });
   }
 }
@@ -271,7 +287,7 @@ void conv2d_nhwc_backward_filter(const Conv2dShape& s, const T* x, const T* dy, 
     gemm<T>(trans::yes, trans::no, s.c_out, k, rows, T(1), dy + n0 * ohw * s.c_out, s.c_out, col,
             k, n0 == 0 ? T(0) : T(1), dwp, k, threads);
   }
-  detail::conv2d_nhwc_permute<false>(s, dwp, dw);
+  detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
   if (dbias == nullptr) return;
   // Blocks of channels, each summing every row in order (the order conv2d_backward_filter uses,
   // so dbias matches it bit for bit); a row's block is contiguous, so the adds vectorise.
