@@ -79,21 +79,28 @@ KILN_CONV_INLINE_COPIES void conv2d_nhwc_taps(const Conv2dShape& s, index_t oh, 
   pad(ri.hi * row, (s.kh - ri.hi) * row);
 }
 
+// Values [p0, p1) of output pixel (oh, ow)'s patch in image x_n, padding as zeros, into
+// out[0, p1 - p0): the part of a column-matrix row one k block needs (the whole row: 0, K).
+template <class T>
+KILN_CONV_INLINE_COPIES void nhwc_patch_values(const Conv2dShape& s, const T* x_n, index_t oh, index_t ow,
+                                               index_t p0, index_t p1, T* out) {
+  conv2d_nhwc_taps(
+      s, oh, ow,
+      [&](index_t p, index_t q, index_t len) {
+        const index_t lo = std::max(p, p0), hi = std::min(p + len, p1);
+        for (index_t e = lo; e < hi; ++e) out[e - p0] = x_n[q + (e - p)];
+      },
+      [&](index_t p, index_t len) {
+        const index_t lo = std::max(p, p0), hi = std::min(p + len, p1);
+        for (index_t e = lo; e < hi; ++e) out[e - p0] = T(0);
+      });
+}
+
 // col rows for output row oh of image x_n: OW patches of K values.
 template <class T>
 void im2col_nhwc(const Conv2dShape& s, const T* x_n, index_t oh, T* col) {
   const index_t k = s.col_rows();
-  for (index_t ow = 0; ow < s.out_w(); ++ow) {
-    T* out = col + ow * k;
-    conv2d_nhwc_taps(
-        s, oh, ow,
-        [&](index_t p, index_t q, index_t len) {
-          for (index_t e = 0; e < len; ++e) out[p + e] = x_n[q + e];
-        },
-        [&](index_t p, index_t len) {
-          for (index_t e = 0; e < len; ++e) out[p + e] = T(0);
-        });
-  }
+  for (index_t ow = 0; ow < s.out_w(); ++ow) nhwc_patch_values(s, x_n, oh, ow, 0, k, col + ow * k);
 }
 
 // Row ih of image dx_n += col2im(dcol): the adjoint of im2col_nhwc, gathered per input pixel so
@@ -151,24 +158,13 @@ struct NhwcPatches {
     constexpr int mr = gemm_source_rows<T>;
     const NhwcPatches& src = *static_cast<const NhwcPatches*>(ctx);
     const Conv2dShape& s = *src.s;
-    const index_t ow_n = s.out_w(), ohw = s.out_h() * ow_n, hwc = s.h * s.w * s.c_in, p1 = p0 + kc;
+    const index_t ow_n = s.out_w(), ohw = s.out_h() * ow_n, hwc = s.h * s.w * s.c_in;
     alignas(64) T rows_buf[mr * gemm_source_kc<T>];
     for (index_t panel = 0; panel * mr < rows; ++panel) {
       const index_t live = std::min<index_t>(mr, rows - panel * mr);
       for (index_t r = 0; r < live; ++r) {
         const index_t pixel = r0 + panel * mr + r, img = pixel / ohw, oh = pixel % ohw / ow_n, ow = pixel % ow_n;
-        const T* x_n = src.x + img * hwc;
-        T* out = rows_buf + r * kc - p0;  // out[p] for p in [p0, p1)
-        conv2d_nhwc_taps(
-            s, oh, ow,
-            [&](index_t p, index_t q, index_t len) {
-              const index_t lo = std::max(p, p0), hi = std::min(p + len, p1);
-              for (index_t e = lo; e < hi; ++e) out[e] = x_n[q + (e - p)];
-            },
-            [&](index_t p, index_t len) {
-              const index_t lo = std::max(p, p0), hi = std::min(p + len, p1);
-              for (index_t e = lo; e < hi; ++e) out[e] = T(0);
-            });
+        nhwc_patch_values(s, src.x + img * hwc, oh, ow, p0, p0 + kc, rows_buf + r * kc);
       }
       pack_panels<mr>(live, kc, rows_buf, kc, 1, dst + panel * mr * kc);
     }
