@@ -1,6 +1,8 @@
-// Tests for the channels-last kernels (conv2d_nhwc.hpp, batchnorm2d_nhwc.hpp, pool2d_nhwc.hpp)
-// against the NCHW kernels on the same data transposed. Convolution sums in another order (the
-// patch is (i, j, c) instead of (c, i, j)), so it is held to the dot-product error bound. Pooling
+// Tests for the channels-last kernels (conv2d_nhwc.hpp, conv2d_winograd.hpp, batchnorm2d_nhwc.hpp,
+// pool2d_nhwc.hpp) against the NCHW kernels on the same data transposed. Convolution sums in
+// another order (the patch is (i, j, c) instead of (c, i, j); Winograd's transforms add a few
+// additions of values no larger than 4x the inputs'), so it is held to the dot-product error
+// bound with its 4x slack. Pooling
 // does each channel's arithmetic in the NCHW kernel's order and must match bit for bit (argmax
 // included); batch norm does too, but the compiler may fuse different multiply-adds, so it is
 // held to the summation bound (see bn_case) and its exact matches are counted.
@@ -209,6 +211,13 @@ std::vector<Conv2dShape> conv_grid() {
   out.push_back({.n = 2, .c_in = 16, .h = 20, .w = 17, .c_out = 24, .kh = 1, .kw = 1});
   out.push_back({.n = 2, .c_in = 16, .h = 20, .w = 17, .c_out = 24, .kh = 3, .kw = 3,
                  .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1});
+  // Winograd's shapes (conv2d_winograd_applies): padding 0, 1 and 2, odd and even sizes (the
+  // last tiles' spare row or column), one row of output, more channels in than out and fewer.
+  for (index_t pad : {0, 1, 2})
+    for (auto [h, w] : {std::pair<index_t, index_t>{5, 8}, {7, 3}, {3, 10}})
+      out.push_back({.n = pad == 1 ? 3 : 1, .c_in = pad == 2 ? 33 : 16, .h = h, .w = w,
+                     .c_out = pad == 0 ? 40 : 17, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                     .pad_h = pad, .pad_w = pad});
   return out;
 }
 
@@ -254,6 +263,87 @@ TEST_CASE("conv2d_nhwc in several chunks of images: bit-identical at 1 and 2 thr
     };
     check_identical("1 vs 2 threads", all(2), all(1));
   }
+}
+
+TEST_CASE("conv2d_nhwc: Winograd F(2x2, 3x3) is the convolution, chosen automatically, and gemm keeps the old bits") {
+  namespace cpu = kiln::cpu;
+  const Conv2dShape shapes[] = {
+      {.n = 2, .c_in = 16, .h = 9, .w = 6, .c_out = 24, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+       .pad_h = 1, .pad_w = 1},
+      {.n = 1, .c_in = 20, .h = 5, .w = 7, .c_out = 16, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+       .pad_h = 2, .pad_w = 0},
+  };
+  for (const auto& s : shapes) {
+    INFO(describe(s));
+    REQUIRE(cpu::conv2d_winograd_applies(s));
+    std::mt19937_64 rng(41);
+    const auto x = random_vec<double>(x_size(s), rng), w = random_vec<double>(w_size(s), rng);
+    const auto dy = random_vec<double>(y_size(s), rng);
+    auto run = [&](cpu::conv_algorithm a) {
+      cpu::set_conv_algorithm(a);
+      std::vector<double> y(y_size(s)), dx(x_size(s)), dw(w_size(s));
+      cpu::conv2d_nhwc_forward<double>(s, x.data(), w.data(), nullptr, y.data(), 1);
+      cpu::conv2d_nhwc_backward_data<double>(s, dy.data(), w.data(), dx.data(), 1);
+      cpu::conv2d_nhwc_backward_filter<double>(s, x.data(), dy.data(), dw.data(), nullptr, 1);
+      cpu::set_conv_algorithm(cpu::conv_algorithm::automatic);
+      y.insert(y.end(), dx.begin(), dx.end());
+      y.insert(y.end(), dw.begin(), dw.end());
+      return y;
+    };
+    const auto direct = run(cpu::conv_algorithm::gemm), winograd = run(cpu::conv_algorithm::automatic);
+    // fp64: the two algorithms agree to rounding (inputs in [-1, 1], sums of at most 9 * 33 *
+    // 3 * 9 * 7 terms): a wrong transform is off by O(1).
+    double worst = 0;
+    for (std::size_t i = 0; i < direct.size(); ++i) worst = std::max(worst, std::abs(direct[i] - winograd[i]));
+    CHECK(worst < 1e-12);
+    CHECK(worst > 0);  // the automatic choice ran another algorithm, not the direct one again
+
+    // automatic = the Winograd entry points bit for bit; gemm = im2col + kiln's GEMM bit for bit.
+    std::vector<double> y(y_size(s)), want(y_size(s));
+    cpu::conv2d_winograd_forward<double>(s, x.data(), w.data(), 1, [&](index_t pixel, const double* v) {
+      std::copy(v, v + s.c_out, want.begin() + pixel * s.c_out);
+    });
+    cpu::conv2d_nhwc_forward<double>(s, x.data(), w.data(), nullptr, y.data(), 1);
+    check_identical("automatic forward", y, want);
+    const index_t k = s.col_rows(), ohw = s.out_h() * s.out_w(), rows = s.n * ohw;
+    std::vector<double> col(std::size_t(rows * k)), wp(std::size_t(s.c_out * k));
+    for (index_t i = 0; i < s.n; ++i)
+      for (index_t oh = 0; oh < s.out_h(); ++oh)
+        cpu::detail::im2col_nhwc(s, x.data() + i * s.h * s.w * s.c_in, oh, col.data() + (i * ohw + oh * s.out_w()) * k);
+    cpu::detail::conv2d_nhwc_permute<true>(s, w.data(), wp.data());
+    cpu::gemm_own<double>(cpu::trans::no, cpu::trans::yes, rows, s.c_out, k, 1.0, col.data(), k, wp.data(), k, 0.0,
+                          want.data(), s.c_out, 1);
+    check_identical("gemm forward", std::vector<double>(direct.begin(), direct.begin() + y_size(s)), want);
+  }
+  // Below 16 channels, or strided, or 5x5: the direct path.
+  CHECK_FALSE(cpu::conv2d_winograd_applies({.n = 1, .c_in = 3, .h = 8, .w = 8, .c_out = 64, .kh = 3, .kw = 3}));
+  CHECK_FALSE(cpu::conv2d_winograd_applies(
+      {.n = 1, .c_in = 64, .h = 8, .w = 8, .c_out = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2}));
+  CHECK_FALSE(cpu::conv2d_winograd_applies({.n = 1, .c_in = 64, .h = 8, .w = 8, .c_out = 64, .kh = 5, .kw = 5}));
+}
+
+TEST_CASE("conv2d_nhwc Winograd in several chunks of tiles: bit-identical at 1 and 2 threads") {
+  // 256 channels: 256 tiles per chunk (WinogradF2Geometry::chunk); 3 images of 10 x 10 tiles
+  // make two chunks, the second partial, and backward-filter accumulates across them.
+  const Conv2dShape s{.n = 3, .c_in = 256, .h = 20, .w = 19, .c_out = 24, .kh = 3, .kw = 3,
+                      .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1};
+  REQUIRE(kiln::cpu::conv2d_winograd_applies(s));
+  const kiln::cpu::detail::WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
+  REQUIRE(g.chunk<float>() < g.tiles());
+  std::mt19937_64 rng(43);
+  const auto x = random_vec<float>(x_size(s), rng), w = random_vec<float>(w_size(s), rng);
+  const auto dy = random_vec<float>(y_size(s), rng);
+  auto all = [&](int threads) {
+    std::vector<float> y(y_size(s)), dx(x_size(s)), dw(w_size(s));
+    kiln::cpu::conv2d_nhwc_forward<float>(s, x.data(), w.data(), nullptr, y.data(), threads);
+    kiln::cpu::conv2d_nhwc_backward_data(s, dy.data(), w.data(), dx.data(), threads);
+    kiln::cpu::conv2d_nhwc_backward_filter<float>(s, x.data(), dy.data(), dw.data(), nullptr, threads);
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dw.begin(), dw.end());
+    return y;
+  };
+  check_identical("1 vs 2 threads", all(2), all(1));
+  conv_case<float>(s, 44, 2);  // and the convolution, against NCHW
 }
 
 TEST_CASE("conv2d_nhwc_forward_epilogue hands each pixel row to the epilogue once") {

@@ -12,6 +12,8 @@
 // 1x1 stride-1 unpadded convolutions skip im2col: x's rows are the column matrix. The forward
 // never writes the column matrix: kiln's GEMM packs each block of patches from x itself
 // (detail::NhwcPatches); backward-filter still gathers it (it is that product's B operand).
+// 3x3 stride-1 shapes with 16 channels or more go to Winograd F(2x2, 3x3) instead, all three
+// passes (conv2d_winograd.hpp, conv2d_winograd_applies; conv_algorithm::gemm turns it off).
 // Chunks depend on the shape only, so results are the same at any thread count.
 #pragma once
 
@@ -19,6 +21,7 @@
 #include <concepts>
 
 #include "kiln/backend/cpu/conv2d.hpp"
+#include "kiln/backend/cpu/conv2d_winograd.hpp"
 
 namespace kiln::cpu {
 
@@ -191,6 +194,13 @@ void conv2d_nhwc_forward_epilogue(const Conv2dShape& s, const T* x, const T* w, 
   // write y's rows itself: NHWC's GEMM rows are y's rows, so the copy pass is saved.
   bool direct = false;
   if constexpr (requires { { epi.copies_only() } -> std::convertible_to<bool>; }) direct = epi.copies_only();
+  if (conv2d_winograd_applies(s)) {
+    conv2d_winograd_forward(s, x, w, threads, [&](index_t row, const T* z) {
+      if (direct) std::copy(z, z + s.c_out, y + row * s.c_out);
+      else epi(row, z, y + row * s.c_out, s.c_out);
+    });
+    return;
+  }
   // Patches packed from x by the GEMM (no column matrix) unless x's rows are the column matrix
   // already or CBLAS runs the products.
   const bool patches = !detail::conv2d_nhwc_pointwise(s) && current_gemm_backend() == gemm_backend::own;
@@ -241,6 +251,17 @@ void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T*
   threads = detail::conv2d_threads(threads);
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
   const index_t chunk = detail::conv2d_chunk<T>(s);
+  if (conv2d_winograd_applies(s)) {
+    conv2d_winograd_backward_data(s, dy, w, threads, [&](index_t pixel, const T* v) {
+      T* out = dx + pixel * s.c_in;
+      if (accumulate) {
+        for (index_t c = 0; c < s.c_in; ++c) out[c] += v[c];
+      } else {
+        std::copy(v, v + s.c_in, out);
+      }
+    });
+    return;
+  }
   const bool pointwise = detail::conv2d_nhwc_pointwise(s);
   T* wp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
   T* dcol = pointwise ? nullptr
@@ -274,16 +295,20 @@ void conv2d_nhwc_backward_filter(const Conv2dShape& s, const T* x, const T* dy, 
   s.check("kiln::cpu::conv2d_nhwc_backward_filter");
   threads = detail::conv2d_threads(threads);
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
-  const index_t chunk = detail::conv2d_chunk<T>(s);
-  T* dwp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
-  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
-    const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
-    const T* col = detail::conv2d_nhwc_columns(s, x, n0, cn, threads);
-    // beta = 0 on the first chunk: dw need not be initialised by the caller.
-    gemm<T>(trans::yes, trans::no, s.c_out, k, rows, T(1), dy + n0 * ohw * s.c_out, s.c_out, col,
-            k, n0 == 0 ? T(0) : T(1), dwp, k, threads);
+  if (conv2d_winograd_applies(s)) {
+    conv2d_winograd_backward_filter(s, x, dy, dw, threads);
+  } else {
+    const index_t chunk = detail::conv2d_chunk<T>(s);
+    T* dwp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
+    for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+      const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
+      const T* col = detail::conv2d_nhwc_columns(s, x, n0, cn, threads);
+      // beta = 0 on the first chunk: dw need not be initialised by the caller.
+      gemm<T>(trans::yes, trans::no, s.c_out, k, rows, T(1), dy + n0 * ohw * s.c_out, s.c_out, col,
+              k, n0 == 0 ? T(0) : T(1), dwp, k, threads);
+    }
+    detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
   }
-  detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
   if (dbias == nullptr) return;
   // Blocks of channels, each summing every row in order (the order conv2d_backward_filter uses,
   // so dbias matches it bit for bit); a row's block is contiguous, so the adds vectorise.

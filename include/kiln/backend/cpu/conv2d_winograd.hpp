@@ -1,0 +1,344 @@
+// kiln/backend/cpu/conv2d_winograd.hpp — 3x3 stride-1 convolutions, channels-last, by Winograd's
+// minimal filtering F(2x2, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional Neural
+// Networks", 2015).
+//
+// Each 2x2 block of output pixels (a tile) is computed from the 4x4 block of input pixels that
+// covers it: V = B^T d B per input channel, U = G g G^T per filter, M = U . V summed over input
+// channels — 16 GEMMs, one per position of the 4x4 transform, [tiles, Cin] x [Cin, Cout] — and
+// Y = A^T M A. That is 16 multiply-adds per tile, channel pair where the direct convolution
+// (im2col + GEMM) does 36: 2.25x fewer, for three memory passes over 4x the input's and
+// output's size (done per chunk of tiles that stays near the caches). ResNet-50 spends about a
+// third of its step in 3x3 stride-1 convolutions, forward and backward-data.
+//
+// Backward-data of a stride-1 3x3 convolution with padding p is the forward convolution of dy,
+// padded by 2 - p, with the filter rotated by 180 degrees and its channels swapped: the same code
+// with another filter transform (winograd_f2_filter's adjoint form).
+//
+// Arithmetic: the transforms' coefficients are 0, +-1 and +-1/2 (exact in binary), so the error
+// is that of a few extra additions per value — fp32 results differ from the direct convolution's
+// in the last bits, as cuDNN's and oneDNN's Winograd algorithms do. The chunking depends on the
+// shape only: the bits are the same at any thread count. Who wants the direct convolution's bits
+// sets conv_algorithm::gemm (set_conv_algorithm).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "kiln/backend/cpu/conv2d.hpp"
+
+namespace kiln::cpu {
+
+// Which algorithm the CPU's channels-last convolutions use.
+//   automatic  Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions where it measured faster
+//              (conv2d_winograd_applies), the direct im2col / implicit-GEMM path elsewhere;
+//   gemm       the direct path always (the bits of kiln before Winograd).
+enum class conv_algorithm { automatic, gemm };
+
+namespace detail {
+inline std::atomic<conv_algorithm>& conv_algorithm_setting() {
+  static std::atomic<conv_algorithm> setting{conv_algorithm::automatic};
+  return setting;
+}
+}  // namespace detail
+
+// Process-wide, like set_gemm_backend.
+inline void set_conv_algorithm(conv_algorithm a) noexcept {
+  detail::conv_algorithm_setting().store(a, std::memory_order_relaxed);
+}
+inline conv_algorithm current_conv_algorithm() noexcept {
+  return detail::conv_algorithm_setting().load(std::memory_order_relaxed);
+}
+
+// True when a channels-last convolution of shape s runs by Winograd (forward, backward-data and
+// backward-filter):
+// 3x3, stride 1, dilation 1, padding at most 2 (the backward's padding is 2 - p), and at least
+// 16 channels in and out — below that the transforms' memory passes cost more than the
+// multiply-adds they save (an RGB stem has 3).
+inline bool conv2d_winograd_applies(const Conv2dShape& s) {
+  return current_conv_algorithm() == conv_algorithm::automatic && s.kh == 3 && s.kw == 3 &&
+         s.stride_h == 1 && s.stride_w == 1 && s.dil_h == 1 && s.dil_w == 1 && s.pad_h <= 2 &&
+         s.pad_w <= 2 && s.c_in >= 16 && s.c_out >= 16;
+}
+
+namespace detail {
+
+// Scratch slots (conv2d_scratch), distinct from conv2d.hpp's and conv2d_nhwc.hpp's.
+inline constexpr int winograd_slot_u = 5, winograd_slot_v = 6, winograd_slot_m = 7,
+                     winograd_slot_zero = 8, winograd_slot_tile = 9;
+
+// The 16 transform positions, xi = 4 * row + column.
+inline constexpr int winograd_f2_positions = 16;
+
+// Distance between consecutive planes of U, V and M (one per position) for planes of `values`:
+// one cache line more than the plane, because the transforms touch all 16 planes at once and
+// planes of a power-of-two size (layer4's U: 1 MiB each) would put all 16 streams in the same
+// cache set — measured, the filter transform alone then took half of layer4's convolution.
+template <class T>
+index_t winograd_plane_stride(index_t values) {
+  return values + index_t(64 / sizeof(T));
+}
+
+// U[xi][o][i] = (G g G^T)[xi] for the 3x3 filter g = w[o][i] (forward) or w[o][i] rotated by
+// 180 degrees (adjoint: backward-data's filter), G = [[1, 0, 0], [1/2, 1/2, 1/2],
+// [1/2, -1/2, 1/2], [0, 0, 1]]. U keeps w's [co][ci] order, so w is read once in order and each
+// of U's 16 planes written in order (a transposed U made layer4's 512x512 filter a gather of
+// 262 K strided reads: slower than the whole convolution's multiply-adds); the GEMMs read a
+// plane transposed (forward: B = U^T) or as it is (backward-data: dy's channels are co).
+template <class T>
+void winograd_f2_filter(const T* w, index_t co, index_t ci, bool adjoint, T* u, int threads) {
+  const index_t plane = winograd_plane_stride<T>(co * ci);
+  // Blocks of input channels, their 9 taps transposed to g[tap][i] first so that the transform
+  // runs on vectors across i and stores contiguous runs into each plane (scalar, one filter at a
+  // time, it took half of layer4's convolution).
+  constexpr index_t block = 64;
+  conv2d_parallel(co, threads, [&](index_t o) {
+    for (index_t i0 = 0; i0 < ci; i0 += block) {
+      const index_t bn = std::min(block, ci - i0);
+      alignas(64) T g[9][block];
+      for (index_t i = 0; i < bn; ++i) {
+        const T* f = w + (o * ci + i0 + i) * 9;
+        for (int t = 0; t < 9; ++t) g[adjoint ? 8 - t : t][i] = f[t];
+      }
+      T* out = u + o * ci + i0;
+#pragma GCC ivdep
+      for (index_t i = 0; i < bn; ++i) {
+        T gg[4][3];  // G g
+        for (int c = 0; c < 3; ++c) {
+          const T g0 = g[c][i], g1 = g[3 + c][i], g2 = g[6 + c][i];
+          gg[0][c] = g0;
+          gg[1][c] = T(0.5) * (g0 + g1 + g2);
+          gg[2][c] = T(0.5) * (g0 - g1 + g2);
+          gg[3][c] = g2;
+        }
+        for (int r = 0; r < 4; ++r) {  // (G g) G^T
+          out[(r * 4 + 0) * plane + i] = gg[r][0];
+          out[(r * 4 + 1) * plane + i] = T(0.5) * (gg[r][0] + gg[r][1] + gg[r][2]);
+          out[(r * 4 + 2) * plane + i] = T(0.5) * (gg[r][0] - gg[r][1] + gg[r][2]);
+          out[(r * 4 + 3) * plane + i] = gg[r][2];
+        }
+      }
+    }
+  });
+}
+
+// The geometry of one Winograd convolution: input [n, h, w, ci] padded by (ph, pw), output
+// [n, oh, ow, co] with oh = h + 2 ph - 2, ow = w + 2 pw - 2, in tiles of 2x2 output pixels.
+struct WinogradF2Geometry {
+  index_t n, h, w, ci, co, ph, pw;
+  index_t out_h() const { return h + 2 * ph - 2; }
+  index_t out_w() const { return w + 2 * pw - 2; }
+  index_t tiles_h() const { return (out_h() + 1) / 2; }
+  index_t tiles_w() const { return (out_w() + 1) / 2; }
+  index_t tiles() const { return n * tiles_h() * tiles_w(); }
+  // Tiles per chunk: V [16, tiles, ci] and M [16, tiles, co] stay under about 4 MiB each (as
+  // conv2d_chunk bounds the column matrix), at least 64 so a GEMM's packing of U's 16 blocks is
+  // spread over enough rows. Depends on the shape only.
+  template <class T>
+  index_t chunk() const {
+    const index_t per_tile = winograd_f2_positions * std::max(ci, co) * index_t(sizeof(T));
+    return std::clamp<index_t>(index_t(std::size_t(4) << 20) / per_tile, 64, std::max<index_t>(tiles(), 1));
+  }
+};
+
+// V[xi][t][c] = (B^T d B)[xi] for tile t0 + t of x, B^T = [[1, 0, -1, 0], [0, 1, 1, 0],
+// [0, -1, 1, 0], [0, 1, 0, -1]]; pixels outside the image read zero (the padding).
+template <class T>
+void winograd_f2_input(const WinogradF2Geometry& g, const T* x, index_t t0, index_t tc, index_t plane,
+                       const T* zeros, T* v, int threads) {
+  const index_t tw_n = g.tiles_w(), th_n = g.tiles_h(), ci = g.ci;
+  conv2d_parallel(tc, threads, [&](index_t t) {
+    const index_t tile = t0 + t, img = tile / (th_n * tw_n), th = tile / tw_n % th_n, tw = tile % tw_n;
+    const index_t ih0 = 2 * th - g.ph, iw0 = 2 * tw - g.pw;
+    const T* d[16];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) {
+        const index_t ih = ih0 + i, iw = iw0 + j;
+        const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+        d[i * 4 + j] = inside ? x + ((img * g.h + ih) * g.w + iw) * ci : zeros;
+      }
+    T* out = v + t * ci;
+#pragma GCC ivdep
+    for (index_t c = 0; c < ci; ++c) {
+      T r[4][4];  // B^T d: rows combined, per column
+      for (int j = 0; j < 4; ++j) {
+        const T d0 = d[j][c], d1 = d[4 + j][c], d2 = d[8 + j][c], d3 = d[12 + j][c];
+        r[0][j] = d0 - d2;
+        r[1][j] = d1 + d2;
+        r[2][j] = d2 - d1;
+        r[3][j] = d1 - d3;
+      }
+      for (int i = 0; i < 4; ++i) {  // (B^T d) B: columns combined
+        out[(i * 4 + 0) * plane + c] = r[i][0] - r[i][2];
+        out[(i * 4 + 1) * plane + c] = r[i][1] + r[i][2];
+        out[(i * 4 + 2) * plane + c] = r[i][2] - r[i][1];
+        out[(i * 4 + 3) * plane + c] = r[i][1] - r[i][3];
+      }
+    }
+  });
+}
+
+// Output tile t0 + t = A^T M A, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]], handed per output pixel
+// inside the image to emit(pixel, values [co]) with pixel = (img * oh + oh_i) * ow + ow_j.
+template <class T, class Emit>
+void winograd_f2_output(const WinogradF2Geometry& g, const T* m, index_t t0, index_t tc, index_t plane,
+                        int threads, const Emit& emit) {
+  const index_t tw_n = g.tiles_w(), th_n = g.tiles_h(), co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
+  T* buf = conv2d_scratch<T, winograd_slot_tile>(std::size_t(4 * co * std::max(threads, 1)));
+  conv2d_parallel(tc, threads, [&](index_t t) {
+    const index_t tile = t0 + t, img = tile / (th_n * tw_n), th = tile / tw_n % th_n, tw = tile % tw_n;
+#if defined(_OPENMP)
+    T* y = buf + 4 * co * (threads > 1 ? omp_get_thread_num() : 0);
+#else
+    T* y = buf;
+#endif
+    const T* in = m + t * co;
+#pragma GCC ivdep
+    for (index_t k = 0; k < co; ++k) {
+      T r[2][4];  // A^T M
+      for (int j = 0; j < 4; ++j) {
+        const T m0 = in[j * plane + k], m1 = in[(4 + j) * plane + k], m2 = in[(8 + j) * plane + k],
+                m3 = in[(12 + j) * plane + k];
+        r[0][j] = m0 + m1 + m2;
+        r[1][j] = m1 - m2 - m3;
+      }
+      for (int i = 0; i < 2; ++i) {  // (A^T M) A
+        y[(i * 2 + 0) * co + k] = r[i][0] + r[i][1] + r[i][2];
+        y[(i * 2 + 1) * co + k] = r[i][1] - r[i][2] - r[i][3];
+      }
+    }
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j) {
+        const index_t oh = 2 * th + i, ow = 2 * tw + j;
+        if (oh < oh_n && ow < ow_n) emit((img * oh_n + oh) * ow_n + ow, y + (i * 2 + j) * co);
+      }
+  });
+}
+
+// The adjoint of winograd_f2_output: dM[xi][t][k] = (A dY A^T)[xi] for tile t0 + t of dy
+// [n, oh, ow, co], A = [[1, 0], [1, 1], [1, -1], [0, -1]]; pixels past the image's edge (the
+// last tiles' spare row or column) read zero.
+template <class T>
+void winograd_f2_output_adjoint(const WinogradF2Geometry& g, const T* dy, index_t t0, index_t tc, index_t plane,
+                                const T* zeros, T* dm, int threads) {
+  const index_t tw_n = g.tiles_w(), th_n = g.tiles_h(), co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
+  conv2d_parallel(tc, threads, [&](index_t t) {
+    const index_t tile = t0 + t, img = tile / (th_n * tw_n), th = tile / tw_n % th_n, tw = tile % tw_n;
+    const T* d[4];
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j) {
+        const index_t oh = 2 * th + i, ow = 2 * tw + j;
+        d[i * 2 + j] = oh < oh_n && ow < ow_n ? dy + ((img * oh_n + oh) * ow_n + ow) * co : zeros;
+      }
+    T* out = dm + t * co;
+#pragma GCC ivdep
+    for (index_t k = 0; k < co; ++k) {
+      const T d00 = d[0][k], d01 = d[1][k], d10 = d[2][k], d11 = d[3][k];
+      const T r[4][2] = {{d00, d01}, {d00 + d10, d01 + d11}, {d00 - d10, d01 - d11}, {-d10, -d11}};  // A dY
+      for (int i = 0; i < 4; ++i) {  // (A dY) A^T
+        out[(i * 4 + 0) * plane + k] = r[i][0];
+        out[(i * 4 + 1) * plane + k] = r[i][0] + r[i][1];
+        out[(i * 4 + 2) * plane + k] = r[i][0] - r[i][1];
+        out[(i * 4 + 3) * plane + k] = -r[i][1];
+      }
+    }
+  });
+}
+
+// The adjoint of winograd_f2_filter's forward form: dw[o][i] = G^T dU[.][o][i] G for the 16
+// planes of du (stride plane), G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]].
+template <class T>
+void winograd_f2_filter_adjoint(const T* du, index_t plane, index_t co, index_t ci, T* dw, int threads) {
+  conv2d_parallel(co, threads, [&](index_t o) {
+    for (index_t i = 0; i < ci; ++i) {
+      T e[4][4];
+      for (int xi = 0; xi < 16; ++xi) e[xi / 4][xi % 4] = du[xi * plane + o * ci + i];
+      T r[3][4];  // G^T dU
+      for (int j = 0; j < 4; ++j) {
+        r[0][j] = e[0][j] + T(0.5) * (e[1][j] + e[2][j]);
+        r[1][j] = T(0.5) * (e[1][j] - e[2][j]);
+        r[2][j] = T(0.5) * (e[1][j] + e[2][j]) + e[3][j];
+      }
+      T* f = dw + (o * ci + i) * 9;
+      for (int a = 0; a < 3; ++a) {  // (G^T dU) G
+        f[a * 3 + 0] = r[a][0] + T(0.5) * (r[a][1] + r[a][2]);
+        f[a * 3 + 1] = T(0.5) * (r[a][1] - r[a][2]);
+        f[a * 3 + 2] = T(0.5) * (r[a][1] + r[a][2]) + r[a][3];
+      }
+    }
+  });
+}
+
+// The convolution of x by the transformed filter u (winograd_f2_filter: [16][co][ci] when
+// u_transposed, else [16][ci][co]), each output pixel handed to emit(pixel, values [co]) once.
+template <class T, class Emit>
+void winograd_f2_run(const WinogradF2Geometry& g, const T* x, const T* u, bool u_transposed, int threads,
+                     const Emit& emit) {
+  const index_t tiles = g.tiles(), chunk = g.chunk<T>();
+  const index_t v_plane = winograd_plane_stride<T>(chunk * g.ci), m_plane = winograd_plane_stride<T>(chunk * g.co),
+                u_plane = winograd_plane_stride<T>(g.ci * g.co);
+  T* v = conv2d_scratch<T, winograd_slot_v>(std::size_t(winograd_f2_positions * v_plane));
+  T* m = conv2d_scratch<T, winograd_slot_m>(std::size_t(winograd_f2_positions * m_plane));
+  T* zeros = conv2d_scratch<T, winograd_slot_zero>(std::size_t(g.ci));
+  std::fill(zeros, zeros + g.ci, T(0));
+  for (index_t t0 = 0; t0 < tiles; t0 += chunk) {
+    const index_t tc = std::min(chunk, tiles - t0);
+    winograd_f2_input(g, x, t0, tc, v_plane, zeros, v, threads);
+    for (int xi = 0; xi < winograd_f2_positions; ++xi)
+      gemm<T>(trans::no, u_transposed ? trans::yes : trans::no, tc, g.co, g.ci, T(1), v + xi * v_plane, g.ci,
+              u + xi * u_plane, u_transposed ? g.ci : g.co, T(0), m + xi * m_plane, g.co, threads);
+    winograd_f2_output(g, m, t0, tc, m_plane, threads, emit);
+  }
+}
+
+}  // namespace detail
+
+// y = conv(x, w) for a shape conv2d_winograd_applies to, each output pixel's [Cout] values handed
+// to emit(pixel, values) (pixel = n*OH*OW + oh*OW + ow; values in a per-thread buffer).
+template <class T, class Emit>
+void conv2d_winograd_forward(const Conv2dShape& s, const T* x, const T* w, int threads, const Emit& emit) {
+  const detail::WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
+  T* u = detail::conv2d_scratch<T, detail::winograd_slot_u>(
+      std::size_t(detail::winograd_f2_positions * detail::winograd_plane_stride<T>(s.c_in * s.c_out)));
+  detail::winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/false, u, threads);
+  detail::winograd_f2_run(g, x, u, /*u_transposed=*/true, threads, emit);
+}
+
+// dx = d(sum y * dy)/dx for the same shapes: the Winograd forward of dy padded by 2 - p with the
+// rotated, transposed filter; each input pixel's [Cin] values handed to emit(pixel, values).
+template <class T, class Emit>
+void conv2d_winograd_backward_data(const Conv2dShape& s, const T* dy, const T* w, int threads, const Emit& emit) {
+  const detail::WinogradF2Geometry g{s.n, s.out_h(), s.out_w(), s.c_out, s.c_in, 2 - s.pad_h, 2 - s.pad_w};
+  T* u = detail::conv2d_scratch<T, detail::winograd_slot_u>(
+      std::size_t(detail::winograd_f2_positions * detail::winograd_plane_stride<T>(s.c_in * s.c_out)));
+  detail::winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/true, u, threads);
+  detail::winograd_f2_run(g, dy, u, /*u_transposed=*/false, threads, emit);
+}
+
+// dw = d(sum y * dy)/dw for the same shapes (overwritten): the exact adjoint of
+// conv2d_winograd_forward — dU[xi] = sum over tiles of dM[xi]^T V[xi] (one GEMM per position and
+// chunk of tiles, accumulated in chunk order), then dw = G^T dU G.
+template <class T>
+void conv2d_winograd_backward_filter(const Conv2dShape& s, const T* x, const T* dy, T* dw, int threads) {
+  using namespace detail;
+  const WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
+  const index_t tiles = g.tiles(), chunk = g.chunk<T>();
+  const index_t v_plane = winograd_plane_stride<T>(chunk * g.ci), m_plane = winograd_plane_stride<T>(chunk * g.co),
+                u_plane = winograd_plane_stride<T>(g.ci * g.co);
+  T* du = conv2d_scratch<T, winograd_slot_u>(std::size_t(winograd_f2_positions * u_plane));
+  T* v = conv2d_scratch<T, winograd_slot_v>(std::size_t(winograd_f2_positions * v_plane));
+  T* dm = conv2d_scratch<T, winograd_slot_m>(std::size_t(winograd_f2_positions * m_plane));
+  T* zeros = conv2d_scratch<T, winograd_slot_zero>(std::size_t(std::max(g.ci, g.co)));
+  std::fill(zeros, zeros + std::max(g.ci, g.co), T(0));
+  for (index_t t0 = 0; t0 < tiles; t0 += chunk) {
+    const index_t tc = std::min(chunk, tiles - t0);
+    winograd_f2_input(g, x, t0, tc, v_plane, zeros, v, threads);
+    winograd_f2_output_adjoint(g, dy, t0, tc, m_plane, zeros, dm, threads);
+    for (int xi = 0; xi < winograd_f2_positions; ++xi)
+      gemm<T>(trans::yes, trans::no, g.co, g.ci, tc, T(1), dm + xi * m_plane, g.co, v + xi * v_plane, g.ci,
+              t0 == 0 ? T(0) : T(1), du + xi * u_plane, g.ci, threads);
+  }
+  winograd_f2_filter_adjoint(du, u_plane, g.co, g.ci, dw, threads);
+}
+
+}  // namespace kiln::cpu
