@@ -178,11 +178,22 @@ void winograd_f2_input(const WinogradF2Geometry& g, const T* x, index_t t0, inde
   });
 }
 
+// Where a Winograd convolution hands its output pixels: fn(ctx, pixel, values [co]). A function
+// pointer rather than a template parameter, so the convolution is compiled once per element type
+// (in kiln::kernels, below) and not once per epilogue in every translation unit: one indirect call
+// per output pixel of 16 to 2048 channels.
+template <class T>
+struct WinogradEmit {
+  void (*fn)(const void* ctx, index_t pixel, const T* values);
+  const void* ctx;
+  void operator()(index_t pixel, const T* values) const { fn(ctx, pixel, values); }
+};
+
 // Output tile t0 + t = A^T M A, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]], handed per output pixel
 // inside the image to emit(pixel, values [co]) with pixel = (img * oh + oh_i) * ow + ow_j.
-template <class T, class Emit>
+template <class T>
 void winograd_f2_output(const WinogradF2Geometry& g, const T* m, index_t t0, index_t tc, index_t plane,
-                        int threads, const Emit& emit) {
+                        int threads, const WinogradEmit<T>& emit) {
   const index_t tw_n = g.tiles_w(), th_n = g.tiles_h(), co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
   T* buf = conv2d_scratch<T, winograd_slot_tile>(std::size_t(4 * co * std::max(threads, 1)));
   conv2d_parallel(tc, threads, [&](index_t t) {
@@ -271,9 +282,9 @@ void winograd_f2_filter_adjoint(const T* du, index_t plane, index_t co, index_t 
 
 // The convolution of x by the transformed filter u (winograd_f2_filter: [16][co][ci] when
 // u_transposed, else [16][ci][co]), each output pixel handed to emit(pixel, values [co]) once.
-template <class T, class Emit>
+template <class T>
 void winograd_f2_run(const WinogradF2Geometry& g, const T* x, const T* u, bool u_transposed, int threads,
-                     const Emit& emit) {
+                     const WinogradEmit<T>& emit) {
   const index_t tiles = g.tiles(), chunk = g.chunk<T>();
   const index_t v_plane = winograd_plane_stride<T>(chunk * g.ci), m_plane = winograd_plane_stride<T>(chunk * g.co),
                 u_plane = winograd_plane_stride<T>(g.ci * g.co);
@@ -293,26 +304,47 @@ void winograd_f2_run(const WinogradF2Geometry& g, const T* x, const T* u, bool u
 
 }  // namespace detail
 
+namespace detail {
+
+// The passes behind conv2d_winograd_forward / _backward_data with the filter transform, compiled
+// once per element type.
+template <class T>
+void winograd_f2_forward(const Conv2dShape& s, const T* x, const T* w, int threads, const WinogradEmit<T>& emit) {
+  const WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
+  T* u = conv2d_scratch<T, winograd_slot_u>(std::size_t(winograd_f2_positions * winograd_plane_stride<T>(s.c_in * s.c_out)));
+  winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/false, u, threads);
+  winograd_f2_run(g, x, u, /*u_transposed=*/true, threads, emit);
+}
+
+template <class T>
+void winograd_f2_backward_data(const Conv2dShape& s, const T* dy, const T* w, int threads,
+                               const WinogradEmit<T>& emit) {
+  const WinogradF2Geometry g{s.n, s.out_h(), s.out_w(), s.c_out, s.c_in, 2 - s.pad_h, 2 - s.pad_w};
+  T* u = conv2d_scratch<T, winograd_slot_u>(std::size_t(winograd_f2_positions * winograd_plane_stride<T>(s.c_in * s.c_out)));
+  winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/true, u, threads);
+  winograd_f2_run(g, dy, u, /*u_transposed=*/false, threads, emit);
+}
+
+template <class T, class Emit>
+WinogradEmit<T> winograd_emit(const Emit& emit) {
+  return {[](const void* ctx, index_t pixel, const T* values) { (*static_cast<const Emit*>(ctx))(pixel, values); },
+          &emit};
+}
+
+}  // namespace detail
+
 // y = conv(x, w) for a shape conv2d_winograd_applies to, each output pixel's [Cout] values handed
 // to emit(pixel, values) (pixel = n*OH*OW + oh*OW + ow; values in a per-thread buffer).
 template <class T, class Emit>
 void conv2d_winograd_forward(const Conv2dShape& s, const T* x, const T* w, int threads, const Emit& emit) {
-  const detail::WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
-  T* u = detail::conv2d_scratch<T, detail::winograd_slot_u>(
-      std::size_t(detail::winograd_f2_positions * detail::winograd_plane_stride<T>(s.c_in * s.c_out)));
-  detail::winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/false, u, threads);
-  detail::winograd_f2_run(g, x, u, /*u_transposed=*/true, threads, emit);
+  detail::winograd_f2_forward<T>(s, x, w, threads, detail::winograd_emit<T>(emit));
 }
 
 // dx = d(sum y * dy)/dx for the same shapes: the Winograd forward of dy padded by 2 - p with the
 // rotated, transposed filter; each input pixel's [Cin] values handed to emit(pixel, values).
 template <class T, class Emit>
 void conv2d_winograd_backward_data(const Conv2dShape& s, const T* dy, const T* w, int threads, const Emit& emit) {
-  const detail::WinogradF2Geometry g{s.n, s.out_h(), s.out_w(), s.c_out, s.c_in, 2 - s.pad_h, 2 - s.pad_w};
-  T* u = detail::conv2d_scratch<T, detail::winograd_slot_u>(
-      std::size_t(detail::winograd_f2_positions * detail::winograd_plane_stride<T>(s.c_in * s.c_out)));
-  detail::winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/true, u, threads);
-  detail::winograd_f2_run(g, dy, u, /*u_transposed=*/false, threads, emit);
+  detail::winograd_f2_backward_data<T>(s, dy, w, threads, detail::winograd_emit<T>(emit));
 }
 
 // dw = d(sum y * dy)/dw for the same shapes (overwritten): the exact adjoint of
@@ -340,5 +372,18 @@ void conv2d_winograd_backward_filter(const Conv2dShape& s, const T* x, const T* 
   }
   winograd_f2_filter_adjoint(du, u_plane, g.co, g.ci, dw, threads);
 }
+
+// Compiled once in kiln::kernels (src/kernels/conv_winograd.cpp) for the element types the
+// convolutions take.
+#define KILN_CPU_WINOGRAD_INSTANCES(EXTERN, T)                                                              \
+  EXTERN template void detail::winograd_f2_forward<T>(const Conv2dShape&, const T*, const T*, int,           \
+                                                      const detail::WinogradEmit<T>&);                     \
+  EXTERN template void detail::winograd_f2_backward_data<T>(const Conv2dShape&, const T*, const T*, int,     \
+                                                            const detail::WinogradEmit<T>&);               \
+  EXTERN template void conv2d_winograd_backward_filter<T>(const Conv2dShape&, const T*, const T*, T*, int);
+#if KILN_EXTERN_KERNELS
+KILN_CPU_WINOGRAD_INSTANCES(extern, float)
+KILN_CPU_WINOGRAD_INSTANCES(extern, double)
+#endif
 
 }  // namespace kiln::cpu
