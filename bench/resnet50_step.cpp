@@ -20,7 +20,9 @@
 // predicted (from the model's type), peak_rss_mib (this process's peak resident memory: model,
 // gradients, AdamW state and the step's buffers, as the peer's line counts its own),
 // peak_tensors_mib (the most bytes of host blocks of 128 KiB and up live at once: the tensors,
-// without what the host block cache keeps) and cache_kept_mib (what it keeps at the end); per peer
+// without what the host block cache keeps), cache_kept_mib (what it keeps at the end) and
+// cache_misses_per_step (blocks the cache could not serve in the timed steps: each is mapped, and
+// its pages faulted in and zeroed, again); per peer
 // one line with peer_ms and speedup (peer_ms / kiln_ms); last a summary: kiln_ms, fastest_peer,
 // fastest_peer_ms, kiln_faster.
 //
@@ -87,17 +89,20 @@ void run(index_t batch, int threads, int steps, const std::string& train_from, c
   step(b);  // warm-up: buffers, workspaces
   step.record_next_step();
   std::vector<double> ms;
+  const std::size_t misses_before = kiln::host_cache_stats().misses;
   for (int i = 0; i < steps; ++i) ms.push_back(1e3 * kiln_bench::seconds([&] { step(b); }));
+  const double misses_per_step = double(kiln::host_cache_stats().misses - misses_before) / steps;
   (void)step.take_losses(/*require_finite=*/true);
   const auto rep = kiln::train::report(step);
   const double median = kiln_bench::median(ms);
   std::printf("{\"bench\":\"resnet50_step\",\"model\":\"resnet50\",\"layout\":\"nhwc\",\"size\":%lld,\"batch\":%lld,\"threads\":%d,"
               "\"train_from\":\"%s\",\"step_ms\":%.2f,\"images_per_s\":%.2f,\"kernels_per_step\":%.0f,"
-              "\"predicted\":%lld,\"peak_rss_mib\":%.1f,\"peak_tensors_mib\":%.1f,\"cache_kept_mib\":%.1f}\n",
+              "\"predicted\":%lld,\"peak_rss_mib\":%.1f,\"peak_tensors_mib\":%.1f,\"cache_kept_mib\":%.1f,"
+              "\"cache_misses_per_step\":%.1f}\n",
               (long long)Size, (long long)batch, threads, train_from.c_str(), median, double(batch) / (median / 1e3),
               rep.kernels_per_step, (long long)rep.predicted, peak_rss_mib(),
               double(kiln::host_cache_stats().peak_in_use_bytes) / (1 << 20),
-              double(kiln::host_cache_stats().kept_bytes) / (1 << 20));
+              double(kiln::host_cache_stats().kept_bytes) / (1 << 20), misses_per_step);
   const Peer* fastest = nullptr;
   for (const Peer& p : peers) {
     std::printf("{\"bench\":\"resnet50_step\",\"batch\":%lld,\"threads\":%d,\"train_from\":\"%s\",\"kiln_ms\":%.2f,"
