@@ -295,9 +295,14 @@ void winograd_f2_run(const WinogradF2Geometry& g, const T* x, const T* u, bool u
   for (index_t t0 = 0; t0 < tiles; t0 += chunk) {
     const index_t tc = std::min(chunk, tiles - t0);
     winograd_f2_input(g, x, t0, tc, v_plane, zeros, v, threads);
-    for (int xi = 0; xi < winograd_f2_positions; ++xi)
+    // The 16 products are independent: split across threads, each run by one thread (a product
+    // of a few channels does not split well by itself — backward-filter's [co, ci] result with
+    // 64 x 32 channels is one panel — and one thread per product has no fork and join per GEMM).
+    // A product's bits do not depend on who runs it.
+    conv2d_parallel(winograd_f2_positions, threads, [&](index_t xi) {
       gemm<T>(trans::no, u_transposed ? trans::yes : trans::no, tc, g.co, g.ci, T(1), v + xi * v_plane, g.ci,
-              u + xi * u_plane, u_transposed ? g.ci : g.co, T(0), m + xi * m_plane, g.co, threads);
+              u + xi * u_plane, u_transposed ? g.ci : g.co, T(0), m + xi * m_plane, g.co, 1);
+    });
     winograd_f2_output(g, m, t0, tc, m_plane, threads, emit);
   }
 }
@@ -366,9 +371,10 @@ void conv2d_winograd_backward_filter(const Conv2dShape& s, const T* x, const T* 
     const index_t tc = std::min(chunk, tiles - t0);
     winograd_f2_input(g, x, t0, tc, v_plane, zeros, v, threads);
     winograd_f2_output_adjoint(g, dy, t0, tc, m_plane, zeros, dm, threads);
-    for (int xi = 0; xi < winograd_f2_positions; ++xi)
+    conv2d_parallel(winograd_f2_positions, threads, [&](index_t xi) {  // as winograd_f2_run
       gemm<T>(trans::yes, trans::no, g.co, g.ci, tc, T(1), dm + xi * m_plane, g.co, v + xi * v_plane, g.ci,
-              t0 == 0 ? T(0) : T(1), du + xi * u_plane, g.ci, threads);
+              t0 == 0 ? T(0) : T(1), du + xi * u_plane, g.ci, 1);
+    });
   }
   winograd_f2_filter_adjoint(du, u_plane, g.co, g.ci, dw, threads);
 }
