@@ -137,7 +137,7 @@ struct WinogradF2Geometry {
   template <class T>
   index_t chunk() const {
     const index_t per_tile = winograd_f2_positions * std::max(ci, co) * index_t(sizeof(T));
-    return std::clamp<index_t>(index_t(std::size_t(4) << 20) / per_tile, 64, std::max<index_t>(tiles(), 1));
+    return std::min(std::max<index_t>(index_t(std::size_t(4) << 20) / per_tile, 64), std::max<index_t>(tiles(), 1));
   }
 };
 
@@ -280,6 +280,21 @@ void winograd_f2_filter_adjoint(const T* du, index_t plane, index_t co, index_t 
   });
 }
 
+// product(xi, threads) for the 16 positions. With kiln's own GEMM the products are split across
+// threads, one thread each: a product of a few channels does not split well by itself (backward-
+// filter's [co, ci] result with 64 x 32 channels is one GEMM panel: serial at two threads), and
+// one thread per product has no fork and join per GEMM; a product's bits do not depend on which
+// thread runs it. A CBLAS is not called from several threads at once (not every build allows
+// it): the products run in turn, each on all threads.
+template <class F>
+void winograd_f2_products(int threads, const F& product) {
+  if (current_gemm_backend() == gemm_backend::own) {
+    conv2d_parallel(winograd_f2_positions, threads, [&](index_t xi) { product(xi, 1); });
+  } else {
+    for (index_t xi = 0; xi < winograd_f2_positions; ++xi) product(xi, threads);
+  }
+}
+
 // The convolution of x by the transformed filter u (winograd_f2_filter: [16][co][ci] when
 // u_transposed, else [16][ci][co]), each output pixel handed to emit(pixel, values [co]) once.
 template <class T>
@@ -295,13 +310,9 @@ void winograd_f2_run(const WinogradF2Geometry& g, const T* x, const T* u, bool u
   for (index_t t0 = 0; t0 < tiles; t0 += chunk) {
     const index_t tc = std::min(chunk, tiles - t0);
     winograd_f2_input(g, x, t0, tc, v_plane, zeros, v, threads);
-    // The 16 products are independent: split across threads, each run by one thread (a product
-    // of a few channels does not split well by itself — backward-filter's [co, ci] result with
-    // 64 x 32 channels is one panel — and one thread per product has no fork and join per GEMM).
-    // A product's bits do not depend on who runs it.
-    conv2d_parallel(winograd_f2_positions, threads, [&](index_t xi) {
+    winograd_f2_products(threads, [&](index_t xi, int product_threads) {
       gemm<T>(trans::no, u_transposed ? trans::yes : trans::no, tc, g.co, g.ci, T(1), v + xi * v_plane, g.ci,
-              u + xi * u_plane, u_transposed ? g.ci : g.co, T(0), m + xi * m_plane, g.co, 1);
+              u + xi * u_plane, u_transposed ? g.ci : g.co, T(0), m + xi * m_plane, g.co, product_threads);
     });
     winograd_f2_output(g, m, t0, tc, m_plane, threads, emit);
   }
@@ -371,9 +382,9 @@ void conv2d_winograd_backward_filter(const Conv2dShape& s, const T* x, const T* 
     const index_t tc = std::min(chunk, tiles - t0);
     winograd_f2_input(g, x, t0, tc, v_plane, zeros, v, threads);
     winograd_f2_output_adjoint(g, dy, t0, tc, m_plane, zeros, dm, threads);
-    conv2d_parallel(winograd_f2_positions, threads, [&](index_t xi) {  // as winograd_f2_run
+    winograd_f2_products(threads, [&](index_t xi, int product_threads) {
       gemm<T>(trans::yes, trans::no, g.co, g.ci, tc, T(1), dm + xi * m_plane, g.co, v + xi * v_plane, g.ci,
-              t0 == 0 ? T(0) : T(1), du + xi * u_plane, g.ci, 1);
+              t0 == 0 ? T(0) : T(1), du + xi * u_plane, g.ci, product_threads);
     });
   }
   winograd_f2_filter_adjoint(du, u_plane, g.co, g.ci, dw, threads);
