@@ -315,6 +315,17 @@ TEST_CASE("conv2d_nhwc: Winograd F(2x2, 3x3) is the convolution, chosen automati
                           want.data(), s.c_out, 1);
     check_identical("gemm forward", std::vector<double>(direct.begin(), direct.begin() + y_size(s)), want);
   }
+  {  // Called directly on a shape it does not compute: an error naming the function and the shape.
+    const Conv2dShape strided{.n = 1, .c_in = 16, .h = 8, .w = 8, .c_out = 16, .kh = 3, .kw = 3,
+                              .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+    std::vector<float> x(x_size(strided)), w(w_size(strided)), dy(y_size(strided)), dw(w_size(strided));
+    CHECK_THROWS_WITH_AS(cpu::conv2d_winograd_backward_filter<float>(strided, x.data(), dy.data(), dw.data(), 1),
+                         doctest::Contains("kiln::cpu::conv2d_winograd_backward_filter: Winograd F(2x2, 3x3) takes "
+                                           "3x3, stride-1, undilated convolutions with padding <= 2, got 3x3 stride 2,2"),
+                         kiln::ShapeError);
+    CHECK_THROWS_AS(cpu::conv2d_winograd_forward<float>(strided, x.data(), w.data(), 1, [](index_t, const float*) {}),
+                    kiln::ShapeError);
+  }
   // Below 16 channels, or strided, or 5x5: the direct path.
   CHECK_FALSE(cpu::conv2d_winograd_applies({.n = 1, .c_in = 3, .h = 8, .w = 8, .c_out = 64, .kh = 3, .kw = 3}));
   CHECK_FALSE(cpu::conv2d_winograd_applies(

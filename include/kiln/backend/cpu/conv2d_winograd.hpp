@@ -322,6 +322,17 @@ void winograd_f2_run(const WinogradF2Geometry& g, const T* x, const T* u, bool u
 
 namespace detail {
 
+// The shape checks of the public entry points: a valid convolution, and one Winograd F(2x2, 3x3)
+// computes (any other would come out wrong, not slow).
+inline void winograd_check(const Conv2dShape& s, const char* fn) {
+  s.check(fn);
+  KILN_CHECK(s.kh == 3 && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1 && s.dil_h == 1 && s.dil_w == 1 &&
+                 s.pad_h <= 2 && s.pad_w <= 2,
+             ShapeError, fn, ": Winograd F(2x2, 3x3) takes 3x3, stride-1, undilated convolutions with padding <= 2, got ",
+             s.kh, "x", s.kw, " stride ", s.stride_h, ",", s.stride_w, " dilation ", s.dil_h, ",", s.dil_w,
+             " padding ", s.pad_h, ",", s.pad_w);
+}
+
 // The passes behind conv2d_winograd_forward / _backward_data with the filter transform, compiled
 // once per element type.
 template <class T>
@@ -353,6 +364,7 @@ WinogradEmit<T> winograd_emit(const Emit& emit) {
 // to emit(pixel, values) (pixel = n*OH*OW + oh*OW + ow; values in a per-thread buffer).
 template <class T, class Emit>
 void conv2d_winograd_forward(const Conv2dShape& s, const T* x, const T* w, int threads, const Emit& emit) {
+  detail::winograd_check(s, "kiln::cpu::conv2d_winograd_forward");
   detail::winograd_f2_forward<T>(s, x, w, threads, detail::winograd_emit<T>(emit));
 }
 
@@ -360,6 +372,7 @@ void conv2d_winograd_forward(const Conv2dShape& s, const T* x, const T* w, int t
 // rotated, transposed filter; each input pixel's [Cin] values handed to emit(pixel, values).
 template <class T, class Emit>
 void conv2d_winograd_backward_data(const Conv2dShape& s, const T* dy, const T* w, int threads, const Emit& emit) {
+  detail::winograd_check(s, "kiln::cpu::conv2d_winograd_backward_data");
   detail::winograd_f2_backward_data<T>(s, dy, w, threads, detail::winograd_emit<T>(emit));
 }
 
@@ -369,6 +382,7 @@ void conv2d_winograd_backward_data(const Conv2dShape& s, const T* dy, const T* w
 template <class T>
 void conv2d_winograd_backward_filter(const Conv2dShape& s, const T* x, const T* dy, T* dw, int threads) {
   using namespace detail;
+  winograd_check(s, "kiln::cpu::conv2d_winograd_backward_filter");
   const WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
   const index_t tiles = g.tiles(), chunk = g.chunk<T>();
   const index_t v_plane = winograd_plane_stride<T>(chunk * g.ci), m_plane = winograd_plane_stride<T>(chunk * g.co),
