@@ -249,8 +249,6 @@ void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T*
                 "kiln::cpu::conv2d_nhwc_backward_data: T must be float or double");
   s.check("kiln::cpu::conv2d_nhwc_backward_data");
   threads = detail::conv2d_threads(threads);
-  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
-  const index_t chunk = detail::conv2d_chunk<T>(s);
   if (conv2d_winograd_applies(s)) {
     conv2d_winograd_backward_data(s, dy, w, threads, [&](index_t pixel, const T* v) {
       T* out = dx + pixel * s.c_in;
@@ -262,6 +260,8 @@ void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T*
     });
     return;
   }
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
+  const index_t chunk = detail::conv2d_chunk<T>(s);
   const bool pointwise = detail::conv2d_nhwc_pointwise(s);
   T* wp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
   T* dcol = pointwise ? nullptr

@@ -131,6 +131,11 @@ struct WinogradF2Geometry {
   index_t tiles_h() const { return (out_h() + 1) / 2; }
   index_t tiles_w() const { return (out_w() + 1) / 2; }
   index_t tiles() const { return n * tiles_h() * tiles_w(); }
+  // Tile t's image and its row and column of tiles (tiles run image by image, row by row).
+  struct Tile {
+    index_t img, th, tw;
+  };
+  Tile tile(index_t t) const { return {t / (tiles_h() * tiles_w()), t / tiles_w() % tiles_h(), t % tiles_w()}; }
   // Tiles per chunk: V [16, tiles, ci] and M [16, tiles, co] stay under about 4 MiB each (as
   // conv2d_chunk bounds the column matrix), at least 64 so a GEMM's packing of U's 16 blocks is
   // spread over enough rows. Depends on the shape only.
@@ -146,9 +151,9 @@ struct WinogradF2Geometry {
 template <class T>
 void winograd_f2_input(const WinogradF2Geometry& g, const T* x, index_t t0, index_t tc, index_t plane,
                        const T* zeros, T* v, int threads) {
-  const index_t tw_n = g.tiles_w(), th_n = g.tiles_h(), ci = g.ci;
+  const index_t ci = g.ci;
   conv2d_parallel(tc, threads, [&](index_t t) {
-    const index_t tile = t0 + t, img = tile / (th_n * tw_n), th = tile / tw_n % th_n, tw = tile % tw_n;
+    const auto [img, th, tw] = g.tile(t0 + t);
     const index_t ih0 = 2 * th - g.ph, iw0 = 2 * tw - g.pw;
     const T* d[16];
     for (int i = 0; i < 4; ++i)
@@ -194,10 +199,10 @@ struct WinogradEmit {
 template <class T>
 void winograd_f2_output(const WinogradF2Geometry& g, const T* m, index_t t0, index_t tc, index_t plane,
                         int threads, const WinogradEmit<T>& emit) {
-  const index_t tw_n = g.tiles_w(), th_n = g.tiles_h(), co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
+  const index_t co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
   T* buf = conv2d_scratch<T, winograd_slot_tile>(std::size_t(4 * co * std::max(threads, 1)));
   conv2d_parallel(tc, threads, [&](index_t t) {
-    const index_t tile = t0 + t, img = tile / (th_n * tw_n), th = tile / tw_n % th_n, tw = tile % tw_n;
+    const auto [img, th, tw] = g.tile(t0 + t);
 #if defined(_OPENMP)
     T* y = buf + 4 * co * (threads > 1 ? omp_get_thread_num() : 0);
 #else
@@ -232,9 +237,9 @@ void winograd_f2_output(const WinogradF2Geometry& g, const T* m, index_t t0, ind
 template <class T>
 void winograd_f2_output_adjoint(const WinogradF2Geometry& g, const T* dy, index_t t0, index_t tc, index_t plane,
                                 const T* zeros, T* dm, int threads) {
-  const index_t tw_n = g.tiles_w(), th_n = g.tiles_h(), co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
+  const index_t co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
   conv2d_parallel(tc, threads, [&](index_t t) {
-    const index_t tile = t0 + t, img = tile / (th_n * tw_n), th = tile / tw_n % th_n, tw = tile % tw_n;
+    const auto [img, th, tw] = g.tile(t0 + t);
     const T* d[4];
     for (int i = 0; i < 2; ++i)
       for (int j = 0; j < 2; ++j) {
@@ -280,6 +285,29 @@ void winograd_f2_filter_adjoint(const T* du, index_t plane, index_t co, index_t 
   });
 }
 
+// One convolution's scratch: U (the transformed filter, or its gradient), V and M for a chunk of
+// tiles, their planes winograd_plane_stride apart, and zeros for the pixels past the edges.
+template <class T>
+struct WinogradBuffers {
+  index_t chunk, u_plane, v_plane, m_plane;
+  T *u, *v, *m;
+  const T* zeros;
+
+  explicit WinogradBuffers(const WinogradF2Geometry& g)
+      : chunk(g.chunk<T>()),
+        u_plane(winograd_plane_stride<T>(g.ci * g.co)),
+        v_plane(winograd_plane_stride<T>(chunk * g.ci)),
+        m_plane(winograd_plane_stride<T>(chunk * g.co)),
+        u(conv2d_scratch<T, winograd_slot_u>(std::size_t(winograd_f2_positions * u_plane))),
+        v(conv2d_scratch<T, winograd_slot_v>(std::size_t(winograd_f2_positions * v_plane))),
+        m(conv2d_scratch<T, winograd_slot_m>(std::size_t(winograd_f2_positions * m_plane))) {
+    const index_t wide = std::max(g.ci, g.co);
+    T* z = conv2d_scratch<T, winograd_slot_zero>(std::size_t(wide));
+    std::fill(z, z + wide, T(0));
+    zeros = z;
+  }
+};
+
 // product(xi, threads) for the 16 positions. With kiln's own GEMM the products are split across
 // threads, one thread each: a product of a few channels does not split well by itself (backward-
 // filter's [co, ci] result with 64 x 32 channels is one GEMM panel: serial at two threads), and
@@ -295,32 +323,22 @@ void winograd_f2_products(int threads, const F& product) {
   }
 }
 
-// The convolution of x by the transformed filter u (winograd_f2_filter: [16][co][ci] when
-// u_transposed, else [16][ci][co]), each output pixel handed to emit(pixel, values [co]) once.
+// The convolution of x by the filter transformed into b.u (winograd_f2_filter: U^T for the
+// forward, U as it is for backward-data), each output pixel handed to emit(pixel, values [co]) once.
 template <class T>
-void winograd_f2_run(const WinogradF2Geometry& g, const T* x, const T* u, bool u_transposed, int threads,
-                     const WinogradEmit<T>& emit) {
-  const index_t tiles = g.tiles(), chunk = g.chunk<T>();
-  const index_t v_plane = winograd_plane_stride<T>(chunk * g.ci), m_plane = winograd_plane_stride<T>(chunk * g.co),
-                u_plane = winograd_plane_stride<T>(g.ci * g.co);
-  T* v = conv2d_scratch<T, winograd_slot_v>(std::size_t(winograd_f2_positions * v_plane));
-  T* m = conv2d_scratch<T, winograd_slot_m>(std::size_t(winograd_f2_positions * m_plane));
-  T* zeros = conv2d_scratch<T, winograd_slot_zero>(std::size_t(g.ci));
-  std::fill(zeros, zeros + g.ci, T(0));
-  for (index_t t0 = 0; t0 < tiles; t0 += chunk) {
-    const index_t tc = std::min(chunk, tiles - t0);
-    winograd_f2_input(g, x, t0, tc, v_plane, zeros, v, threads);
+void winograd_f2_run(const WinogradF2Geometry& g, const T* x, const WinogradBuffers<T>& b, bool u_transposed,
+                     int threads, const WinogradEmit<T>& emit) {
+  const index_t tiles = g.tiles();
+  for (index_t t0 = 0; t0 < tiles; t0 += b.chunk) {
+    const index_t tc = std::min(b.chunk, tiles - t0);
+    winograd_f2_input(g, x, t0, tc, b.v_plane, b.zeros, b.v, threads);
     winograd_f2_products(threads, [&](index_t xi, int product_threads) {
-      gemm<T>(trans::no, u_transposed ? trans::yes : trans::no, tc, g.co, g.ci, T(1), v + xi * v_plane, g.ci,
-              u + xi * u_plane, u_transposed ? g.ci : g.co, T(0), m + xi * m_plane, g.co, product_threads);
+      gemm<T>(trans::no, u_transposed ? trans::yes : trans::no, tc, g.co, g.ci, T(1), b.v + xi * b.v_plane, g.ci,
+              b.u + xi * b.u_plane, u_transposed ? g.ci : g.co, T(0), b.m + xi * b.m_plane, g.co, product_threads);
     });
-    winograd_f2_output(g, m, t0, tc, m_plane, threads, emit);
+    winograd_f2_output(g, b.m, t0, tc, b.m_plane, threads, emit);
   }
 }
-
-}  // namespace detail
-
-namespace detail {
 
 // The shape checks of the public entry points: a valid convolution, and one Winograd F(2x2, 3x3)
 // computes (any other would come out wrong, not slow).
@@ -338,18 +356,18 @@ inline void winograd_check(const Conv2dShape& s, const char* fn) {
 template <class T>
 void winograd_f2_forward(const Conv2dShape& s, const T* x, const T* w, int threads, const WinogradEmit<T>& emit) {
   const WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
-  T* u = conv2d_scratch<T, winograd_slot_u>(std::size_t(winograd_f2_positions * winograd_plane_stride<T>(s.c_in * s.c_out)));
-  winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/false, u, threads);
-  winograd_f2_run(g, x, u, /*u_transposed=*/true, threads, emit);
+  const WinogradBuffers<T> b(g);
+  winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/false, b.u, threads);
+  winograd_f2_run(g, x, b, /*u_transposed=*/true, threads, emit);
 }
 
 template <class T>
 void winograd_f2_backward_data(const Conv2dShape& s, const T* dy, const T* w, int threads,
                                const WinogradEmit<T>& emit) {
   const WinogradF2Geometry g{s.n, s.out_h(), s.out_w(), s.c_out, s.c_in, 2 - s.pad_h, 2 - s.pad_w};
-  T* u = conv2d_scratch<T, winograd_slot_u>(std::size_t(winograd_f2_positions * winograd_plane_stride<T>(s.c_in * s.c_out)));
-  winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/true, u, threads);
-  winograd_f2_run(g, dy, u, /*u_transposed=*/false, threads, emit);
+  const WinogradBuffers<T> b(g);
+  winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/true, b.u, threads);
+  winograd_f2_run(g, dy, b, /*u_transposed=*/false, threads, emit);
 }
 
 template <class T, class Emit>
@@ -384,24 +402,18 @@ void conv2d_winograd_backward_filter(const Conv2dShape& s, const T* x, const T* 
   using namespace detail;
   winograd_check(s, "kiln::cpu::conv2d_winograd_backward_filter");
   const WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
-  const index_t tiles = g.tiles(), chunk = g.chunk<T>();
-  const index_t v_plane = winograd_plane_stride<T>(chunk * g.ci), m_plane = winograd_plane_stride<T>(chunk * g.co),
-                u_plane = winograd_plane_stride<T>(g.ci * g.co);
-  T* du = conv2d_scratch<T, winograd_slot_u>(std::size_t(winograd_f2_positions * u_plane));
-  T* v = conv2d_scratch<T, winograd_slot_v>(std::size_t(winograd_f2_positions * v_plane));
-  T* dm = conv2d_scratch<T, winograd_slot_m>(std::size_t(winograd_f2_positions * m_plane));
-  T* zeros = conv2d_scratch<T, winograd_slot_zero>(std::size_t(std::max(g.ci, g.co)));
-  std::fill(zeros, zeros + std::max(g.ci, g.co), T(0));
-  for (index_t t0 = 0; t0 < tiles; t0 += chunk) {
-    const index_t tc = std::min(chunk, tiles - t0);
-    winograd_f2_input(g, x, t0, tc, v_plane, zeros, v, threads);
-    winograd_f2_output_adjoint(g, dy, t0, tc, m_plane, zeros, dm, threads);
+  const index_t tiles = g.tiles();
+  const WinogradBuffers<T> b(g);  // b.u holds dU, b.m holds dM
+  for (index_t t0 = 0; t0 < tiles; t0 += b.chunk) {
+    const index_t tc = std::min(b.chunk, tiles - t0);
+    winograd_f2_input(g, x, t0, tc, b.v_plane, b.zeros, b.v, threads);
+    winograd_f2_output_adjoint(g, dy, t0, tc, b.m_plane, b.zeros, b.m, threads);
     winograd_f2_products(threads, [&](index_t xi, int product_threads) {
-      gemm<T>(trans::yes, trans::no, g.co, g.ci, tc, T(1), dm + xi * m_plane, g.co, v + xi * v_plane, g.ci,
-              t0 == 0 ? T(0) : T(1), du + xi * u_plane, g.ci, product_threads);
+      gemm<T>(trans::yes, trans::no, g.co, g.ci, tc, T(1), b.m + xi * b.m_plane, g.co, b.v + xi * b.v_plane, g.ci,
+              t0 == 0 ? T(0) : T(1), b.u + xi * b.u_plane, g.ci, product_threads);
     });
   }
-  winograd_f2_filter_adjoint(du, u_plane, g.co, g.ci, dw, threads);
+  winograd_f2_filter_adjoint(b.u, b.u_plane, g.co, g.ci, dw, threads);
 }
 
 // Compiled once in kiln::kernels (src/kernels/conv_winograd.cpp) for the element types the
