@@ -841,6 +841,12 @@ void pool_case(const Pool2dShape& s, std::mt19937_64& rng, bool integers) {
   cpu::max_pool2d_backward(s, dy.data(), a1.data(), dx1.data());
   cpu::max_pool2d_nhwc_backward(s, dyh.data(), a2.data(), dx2.data());
   check_identical("max dx", x_back(dx2), dx1);
+  // What the layers run: the maximum found again in x, no argmax kept.
+  std::vector<T> dx3(xs, nan), dx4(xs, nan);
+  cpu::max_pool2d_backward_from_input(s, x.data(), dy.data(), dx3.data());
+  cpu::max_pool2d_nhwc_backward_from_input(s, xh.data(), dyh.data(), dx4.data());
+  check_identical("max dx from the input", dx3, dx1);
+  check_identical("max dx from the input, nhwc", x_back(dx4), dx1);
 
   for (bool incl : {true, false}) {
     INFO("count_include_pad=", incl);

@@ -157,6 +157,10 @@ TEST_CASE_TEMPLATE("max_pool2d matches the reference, ties pick the first max", 
       kiln::cpu::max_pool2d_backward(s, dy.data(), arg.data(), dx.data());
       for (std::size_t i = 0; i < dx.size(); ++i)
         REQUIRE(double(dx[i]) == doctest::Approx(dx_ref[i]).epsilon(1e-6));
+      // Finding the maximum again in x routes every dy to the same element, in the same order.
+      std::vector<T> dx2(x_size(s), T(-5));
+      kiln::cpu::max_pool2d_backward_from_input(s, x.data(), dy.data(), dx2.data());
+      CHECK(dx2 == dx);
     }
 }
 
@@ -405,4 +409,6 @@ TEST_CASE("pool2d shape errors name the values") {
             .find("pad_h=2") != std::string::npos);
   CHECK(error_of([&] { kiln::cpu::max_pool2d_backward(s, buf.data(), arg.data(), buf.data()); })
             .find("max_pool2d_backward") != std::string::npos);
+  CHECK(error_of([&] { kiln::cpu::max_pool2d_backward_from_input(s, buf.data(), buf.data(), buf.data()); })
+            .find("max_pool2d_backward_from_input: pad must be at most half") != std::string::npos);
 }

@@ -126,6 +126,28 @@ void max_pool2x2(const Pool2dShape& s, const T* x, T* y, std::int64_t* argmax) {
   }
 }
 
+// The maximum of one window of the plane xp and where it is (h*W + w): row-major order, the first
+// maximum wins ties, the first NaN wins over everything. pad <= kernel/2 leaves at least one
+// real element in every window.
+template <class T>
+struct WindowMax {
+  T value;
+  index_t at;
+};
+template <class T>
+WindowMax<T> window_max(const Pool2dShape& s, const T* xp, const PoolWindow& win) {
+  WindowMax<T> m{-std::numeric_limits<T>::infinity(), win.h0 * s.w + win.w0};
+  for (index_t ih = win.h0; ih < win.h1; ++ih)
+    for (index_t iw = win.w0; iw < win.w1; ++iw) {
+      const T v = xp[ih * s.w + iw];
+      if (v > m.value || std::isnan(v)) {  // strict >: the first maximum wins ties
+        m = {v, ih * s.w + iw};
+        if (std::isnan(v)) return m;
+      }
+    }
+  return m;
+}
+
 }  // namespace detail
 
 // y = max over each window. argmax may be nullptr; else it gets y's shape (int64, h*W + w).
@@ -138,29 +160,14 @@ void max_pool2d_forward(const Pool2dShape& s, const T* x, T* y, std::int64_t* ar
     detail::max_pool2x2(s, x, y, argmax);  // the common case, without the window arithmetic
     return;
   }
-  for (index_t p = 0; p < s.n * s.c; ++p) {
-    const T* xp = x + p * hw;
+  for (index_t p = 0; p < s.n * s.c; ++p)
     for (index_t oh = 0; oh < oh_n; ++oh)
       for (index_t ow = 0; ow < ow_n; ++ow) {
-        const detail::PoolWindow win = detail::pool_window(s, oh, ow);
-        // pad <= kernel/2 leaves at least one real element in every window.
-        T best = -std::numeric_limits<T>::infinity();
-        index_t at = win.h0 * s.w + win.w0;
-        bool nan = false;  // stop at the first NaN
-        for (index_t ih = win.h0; ih < win.h1 && !nan; ++ih)
-          for (index_t iw = win.w0; iw < win.w1 && !nan; ++iw) {
-            const T v = xp[ih * s.w + iw];
-            if (v > best || std::isnan(v)) {  // strict >: the first maximum wins ties
-              best = v;
-              at = ih * s.w + iw;
-              nan = std::isnan(v);
-            }
-          }
+        const auto [best, at] = detail::window_max(s, x + p * hw, detail::pool_window(s, oh, ow));
         const index_t o = p * ohw + oh * ow_n + ow;
         y[o] = best;
         if (argmax != nullptr) argmax[o] = at;
       }
-  }
 }
 
 // dx = 0, then dx[plane][argmax] += dy for every output (overlapping windows accumulate).
@@ -178,6 +185,22 @@ void max_pool2d_backward(const Pool2dShape& s, const T* dy, const std::int64_t* 
                  " is outside the ", s.h, "x", s.w, " plane");
       dx[p * hw + at] += dy[p * ohw + o];
     }
+}
+
+// The same dx, with each window's maximum found again in x instead of read from an argmax: what
+// the layers run, so training keeps no int64 per output (the input is kept for backward anyway —
+// PyTorch keeps both). Same element as the forward's argmax: ties, NaN and padding alike.
+template <class T>
+void max_pool2d_backward_from_input(const Pool2dShape& s, const T* x, const T* dy, T* dx) {
+  static_assert(detail::pool2d_type_ok<T>, "kiln::cpu pooling: T must be float or double");
+  s.check("kiln::cpu::max_pool2d_backward_from_input");
+  const index_t hw = s.h * s.w, oh_n = s.out_h(), ow_n = s.out_w();
+  std::fill(dx, dx + s.n * s.c * hw, T(0));
+  for (index_t p = 0; p < s.n * s.c; ++p)
+    for (index_t oh = 0; oh < oh_n; ++oh)
+      for (index_t ow = 0; ow < ow_n; ++ow)
+        dx[p * hw + detail::window_max(s, x + p * hw, detail::pool_window(s, oh, ow)).at] +=
+            dy[(p * oh_n + oh) * ow_n + ow];
 }
 
 // y = mean over each window; the divisor follows count_include_pad as torch.

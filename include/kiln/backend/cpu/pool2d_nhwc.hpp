@@ -30,28 +30,34 @@ void pool2d_nhwc_pixels(const Pool2dShape& s, const F& f) {
         f(n, (n * oh_n + oh) * ow_n + ow, pool_window(s, oh, ow));
 }
 
+// One output pixel's window maximum per channel into best[0, C) and, unless at is nullptr, its
+// position h*W + w into at[0, C), in the NCHW kernel's window order.
+template <class T, bool WithArgmax>
+void window_max_nhwc(const Pool2dShape& s, const T* x, index_t n, const PoolWindow& win, T* best,
+                     std::int64_t* at) {
+  const index_t c = s.c;  // a local: the int64 argmax stores could alias s.c, which would
+                          // keep the channel loop from vectorising
+  // pad <= kernel/2 leaves at least one real element in every window.
+  std::fill(best, best + c, -std::numeric_limits<T>::infinity());
+  if constexpr (WithArgmax) std::fill(at, at + c, std::int64_t(win.h0 * s.w + win.w0));
+  for (index_t ih = win.h0; ih < win.h1; ++ih)
+    for (index_t iw = win.w0; iw < win.w1; ++iw) {
+      const T* v = x + ((n * s.h + ih) * s.w + iw) * c;
+      const std::int64_t pos = ih * s.w + iw;
+      for (index_t ch = 0; ch < c; ++ch) {
+        // Strictly larger (ties keep the first), or a NaN while the best is not one (the
+        // first NaN then stays). Bitwise & and |: no branches, so the channels vectorise.
+        const bool take = (v[ch] > best[ch]) | ((v[ch] != v[ch]) & (best[ch] == best[ch]));
+        best[ch] = take ? v[ch] : best[ch];
+        if constexpr (WithArgmax) at[ch] = take ? pos : at[ch];
+      }
+    }
+}
+
 template <class T, bool WithArgmax>
 void max_pool2d_nhwc(const Pool2dShape& s, const T* x, T* y, std::int64_t* argmax) {
   pool2d_nhwc_pixels(s, [&](index_t n, index_t o, const PoolWindow& win) {
-    const index_t c = s.c;  // a local: the int64 argmax stores could alias s.c, which would
-                            // keep the channel loop from vectorising
-    T* best = y + o * c;
-    std::int64_t* at = WithArgmax ? argmax + o * c : nullptr;
-    // pad <= kernel/2 leaves at least one real element in every window.
-    std::fill(best, best + c, -std::numeric_limits<T>::infinity());
-    if constexpr (WithArgmax) std::fill(at, at + c, std::int64_t(win.h0 * s.w + win.w0));
-    for (index_t ih = win.h0; ih < win.h1; ++ih)
-      for (index_t iw = win.w0; iw < win.w1; ++iw) {
-        const T* v = x + ((n * s.h + ih) * s.w + iw) * c;
-        const std::int64_t pos = ih * s.w + iw;
-        for (index_t ch = 0; ch < c; ++ch) {
-          // Strictly larger (ties keep the first), or a NaN while the best is not one (the
-          // first NaN then stays). Bitwise & and |: no branches, so the channels vectorise.
-          const bool take = (v[ch] > best[ch]) | ((v[ch] != v[ch]) & (best[ch] == best[ch]));
-          best[ch] = take ? v[ch] : best[ch];
-          if constexpr (WithArgmax) at[ch] = take ? pos : at[ch];
-        }
-      }
+    window_max_nhwc<T, WithArgmax>(s, x, n, win, y + o * s.c, WithArgmax ? argmax + o * s.c : nullptr);
   });
 }
 
@@ -85,6 +91,24 @@ void max_pool2d_nhwc_backward(const Pool2dShape& s, const T* dy, const std::int6
         dx[(n * hw + at) * c + ch] += dy[row + ch];
       }
     }
+}
+
+// The same dx, with each window's maximum found again in x instead of read from an argmax
+// (pool2d.hpp's max_pool2d_backward_from_input: what the layers run; no int64 per output kept).
+template <class T>
+void max_pool2d_nhwc_backward_from_input(const Pool2dShape& s, const T* x, const T* dy, T* dx) {
+  static_assert(detail::pool2d_type_ok<T>, "kiln::cpu pooling: T must be float or double");
+  s.check("kiln::cpu::max_pool2d_nhwc_backward_from_input");
+  const index_t hw = s.h * s.w, c = s.c;
+  std::fill(dx, dx + s.n * hw * c, T(0));
+  std::vector<T> best(static_cast<std::size_t>(c));
+  std::vector<std::int64_t> at(static_cast<std::size_t>(c));
+  detail::pool2d_nhwc_pixels(s, [&](index_t n, index_t o, const detail::PoolWindow& win) {
+    detail::window_max_nhwc<T, true>(s, x, n, win, best.data(), at.data());
+    const T* g = dy + o * c;
+    T* d = dx + n * hw * c;
+    for (index_t ch = 0; ch < c; ++ch) d[at[std::size_t(ch)] * c + ch] += g[ch];
+  });
 }
 
 // y = mean over each window; the divisor follows count_include_pad as torch.
