@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -60,6 +61,12 @@ struct VarNode {
   // in a DRELU_BGRAD-style epilogue). Keyed by executor and value type; see autograd/fold.hpp.
   std::shared_ptr<void> fold;
   const void* fold_key = nullptr;
+  // Set by the op that produced this variable when its value is cheap to make again from what
+  // that op's backward keeps anyway (batch norm + activation: from its input and statistics):
+  // writes the value, bit for bit, into the buffer given (the value's type and shape), with the
+  // given thread count. A consumer that reads the value again only in its backward may then free
+  // it after forward (autograd/remake.hpp). Host results only.
+  std::function<void(void*, int)> remake;
   // Anomaly mode (autograd/anomaly.hpp): the index of the first NaN / infinity in the gradient
   // (-1: none, or no valid gradient), and the variable's shape, for the report.
   virtual index_t first_nonfinite_grad() const { return -1; }

@@ -61,6 +61,8 @@ struct bn_kernels {
   static void backward(A&&... a) { cpu::batchnorm2d_backward(std::forward<A>(a)...); }
   template <class... A>
   static void eval_backward(A&&... a) { cpu::batchnorm2d_eval_backward(std::forward<A>(a)...); }
+  template <class... A>
+  static void apply(A&&... a) { cpu::batchnorm2d_apply(std::forward<A>(a)...); }
 };
 template <>
 struct bn_kernels<layout::nhwc> {
@@ -72,6 +74,8 @@ struct bn_kernels<layout::nhwc> {
   static void backward(A&&... a) { cpu::batchnorm2d_nhwc_backward(std::forward<A>(a)...); }
   template <class... A>
   static void eval_backward(A&&... a) { cpu::batchnorm2d_nhwc_eval_backward(std::forward<A>(a)...); }
+  template <class... A>
+  static void apply(A&&... a) { cpu::batchnorm2d_nhwc_apply(std::forward<A>(a)...); }
 };
 
 // A kiln::fn functor as the CPU kernels' activation (NoActivation for fn::Identity).
@@ -279,30 +283,45 @@ class BatchNorm2d {
       if constexpr (!is_identity_act_v<F>) name.append("+").append(F::name);
       tape.exec().stats().count(kind::norm, name, s.size(), res ? bytes * 3 / 2 : bytes);
       const bool train = updates_statistics();
-      // Batch mean and invstd per channel (training), kept for backward.
-      auto saved = std::make_shared<std::vector<T>>(train ? std::size_t(2 * C) : 0);
+      const auto wd = weight_.data(), bd = bias_.data();
+      bool any = x.requires_grad() || wd->requires_grad || bd->requires_grad;
+      if constexpr (res) any = any || r->requires_grad();
+      const bool recording = any && tape.recording();
+      // What backward keeps, per channel: the batch's mean and invstd (training) or the running
+      // statistics as they are now (eval: copied, so an optimizer step or a later training forward
+      // before backward cannot change the gradient); then, for an output that can be made again
+      // (autograd/remake.hpp: fp32 / fp64 without a residual), the scale and shift this forward
+      // normalised with.
+      constexpr bool remakeable = !half && !res;
+      auto saved = std::make_shared<std::vector<T>>(std::size_t((train ? 2 : 0) * C));
+      if (recording && !train) {
+        saved->assign(buffers_->running_mean.data(), buffers_->running_mean.data() + C);
+        saved->insert(saved->end(), buffers_->running_var.data(), buffers_->running_var.data() + C);
+      }
+      if (recording && remakeable) {
+        saved->resize(std::size_t(3 * C));
+        saved->insert(saved->end(), bias_.value().data(), bias_.value().data() + C);
+      }
+      T* save_scale = recording && remakeable ? saved->data() + 2 * C : nullptr;
       Buffers& buf = *buffers_;
       if (train) {
         K::train_forward(n, C, hw, xin, weight_.value().data(), bias_.value().data(), eps_, momentum_,
                          buf.running_mean.data(), buf.running_var.data(), yout, saved->data(), saved->data() + C,
-                         threads, Act{}, rin);
+                         threads, Act{}, rin, save_scale);
         tape.exec().stats().host_state("batch norm's count of batches");
         ++buf.batches_tracked;
       } else {
         K::eval_forward(n, C, hw, xin, weight_.value().data(), bias_.value().data(), eps_, buf.running_mean.data(),
-                        buf.running_var.data(), yout, threads, Act{}, rin);
+                        buf.running_var.data(), yout, threads, Act{}, rin, save_scale);
       }
       if constexpr (half) detail::store_rounded(out.value().data(), yout, s.size(), false, threads);
-      const auto wd = weight_.data(), bd = bias_.data();
-      bool any = x.requires_grad() || wd->requires_grad || bd->requires_grad;
-      if constexpr (res) any = any || r->requires_grad();
-      if (!any || !tape.recording()) return out;
+      if (!recording) return out;
       out.set_requires_grad(true);
-      // Eval mode reads the running statistics as they are now: copy them, so an optimizer step or
-      // a later training forward before backward cannot change the gradient.
-      if (!train) {
-        saved->assign(buf.running_mean.data(), buf.running_mean.data() + C);
-        saved->insert(saved->end(), buf.running_var.data(), buf.running_var.data() + C);
+      if constexpr (remakeable) {
+        out.data()->remake = [xd = x.data(), saved, n, hw](void* y, int th) {
+          const T* c = saved->data();  // mean, invstd or running variance, scale, shift
+          K::apply(n, C, hw, xd->value.data(), c, c + 2 * C, c + 3 * C, static_cast<T*>(y), th, Act{});
+        };
       }
       std::vector<std::shared_ptr<ag::VarNode>> inputs{x.data(), wd, bd};
       // The residual's node, raw: the step's inputs own it (a second owner here would keep its

@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/autograd/remake.hpp"
 #include "kiln/backend/cpu/conv2d.hpp"
 #include "kiln/backend/cpu/conv2d_nhwc.hpp"
 #include "kiln/core/epilogue.hpp"
@@ -263,10 +264,12 @@ Out conv2d_impl(ag::Tape<Exec>& tape, const ag::Var<T, S, D...>& x, std::shared_
       exec.stats().count(kind::gemm, "conv2d_backward_filter", wd->value.size(), x_bytes + y_bytes);
       const index_t wn = wd->value.size();
       std::vector<T> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
+      Tensor<T, host, dyn> remade;  // x made again when it was freed after forward (autograd/remake.hpp)
+      const T* X = ag::value_or_remade(*xd, remade, threads);
       if constexpr (nhwc) {
-        cpu::conv2d_nhwc_backward_filter(s, xd->value.data(), dy, gw.data(), db ? gb.data() : nullptr, threads);
+        cpu::conv2d_nhwc_backward_filter(s, X, dy, gw.data(), db ? gb.data() : nullptr, threads);
       } else {
-        cpu::conv2d_backward_filter(s, xd->value.data(), dy, gw.data(), db ? gb.data() : nullptr, threads);
+        cpu::conv2d_backward_filter(s, X, dy, gw.data(), db ? gb.data() : nullptr, threads);
       }
       if (dw) {
         const bool add = wd->grad_valid;
@@ -494,6 +497,9 @@ class Conv2d {
   // on the CPU), keeping one low-precision copy of its weight.
   static constexpr bool mixed_precision = true;
   static constexpr index_t low_copies = 1;
+  // Its backward reads its input only through ag::value_or_remade: nn::Sequential may free an
+  // input that can be made again (a batch norm's output) once this layer ran forward.
+  static constexpr bool remakes_input = true;
 
   // Mixed precision: the weight's values in L (bf16 or f16), rounded from the float master weight
   // by ONE kernel; a training step calls it at start and after every optimizer step.

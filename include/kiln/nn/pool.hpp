@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/autograd/remake.hpp"
 #include "kiln/backend/cpu/pool2d.hpp"
 #include "kiln/backend/cpu/pool2d_nhwc.hpp"
 #include "kiln/nn/convnet_functors.hpp"
@@ -166,7 +167,9 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
       put_rounded_input_grad(*xd, [&](float* dx) { backward_kernel(xf.data(), gf.data(), dx); }, exec.threads());
     } else {
       const T* G = od.grad.data();
-      put_input_grad(*xd, [&](T* dx) { backward_kernel(xd->value.data(), G, dx); });
+      Tensor<T, host, dyn> remade;  // x made again when it was freed after forward (autograd/remake.hpp)
+      const T* X = Max ? ag::value_or_remade(*xd, remade, exec.threads()) : nullptr;
+      put_input_grad(*xd, [&](T* dx) { backward_kernel(X, G, dx); });
     }
   });
   return out;
@@ -194,6 +197,8 @@ struct MaxPool2d {
   static constexpr Launches launches(const LaunchContext& c) { return {1, c.input_grad ? 1 : 0}; }
   // Runs on bf16 / f16 activations (train::Step's mixed precisions; nn/half_io.hpp).
   static constexpr bool mixed_precision = true;
+  // Its backward reads its input only through ag::value_or_remade (nn::Sequential may free it).
+  static constexpr bool remakes_input = true;
   static std::string describe() {
     return std::string(Layout == layout::nhwc ? "MaxPool2d[nhwc]<" : "MaxPool2d<") + std::to_string(Kernel) + (Stride != Kernel ? ", stride " + std::to_string(Stride) : "") +
            (Padding ? ", pad " + std::to_string(Padding) : "") + ">";

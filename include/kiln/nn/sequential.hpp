@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/autograd/remake.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/core/view.hpp"
 #include "kiln/expr/functors.hpp"
@@ -107,11 +108,30 @@ template <std::size_t I, class Seq, class Tape>
 struct Step {
   Seq* seq;
   Tape* tape;
+  const void* input;  // the Sequential's input variable's node (null: not a variable)
 };
+template <class X>
+const void* node_of(const X& x) {
+  if constexpr (requires { x.data().get(); }) return x.data().get();
+  else return nullptr;
+}
+// Whether layer I takes back an input freed after its forward (autograd/remake.hpp).
+template <std::size_t I, class Seq>
+constexpr bool remakes_input_at() {
+  using L = std::tuple_element_t<I, typename Seq::layer_types>;
+  if constexpr (requires { L::remakes_input; }) return L::remakes_input;
+  else return false;
+}
 template <class X, std::size_t I, class Seq, class Tape>
 auto operator|(Flow<X>&& f, Step<I, Seq, Tape> s) {
   using Y = decltype(s.seq->template run_layer<I>(*s.tape, f.x));
-  return Flow<Y>{s.seq->template run_layer<I>(*s.tape, f.x)};
+  Flow<Y> next{s.seq->template run_layer<I>(*s.tape, f.x)};
+  // An input made inside this Sequential (I > 0: not the caller's) that only layer I reads, and
+  // that layer I's backward can make again: freed now rather than kept until backward.
+  // (A layer that passes its input through unchanged would hand on the caller's own: kept.)
+  if constexpr (I > 0 && remakes_input_at<I, Seq>())
+    if (node_of(f.x) != s.input) ag::free_remakeable(f.x);
+  return next;
 }
 
 template <class L>
@@ -496,7 +516,7 @@ class Sequential {
   template <class Exec, class X, std::size_t... I>
   auto forward_impl(ag::Tape<Exec>& tape, const X& x, std::index_sequence<I...>) {
     using Tape = ag::Tape<Exec>;
-    return (detail::Flow<X>{x} | ... | detail::Step<I, Sequential, Tape>{this, &tape}).x;
+    return (detail::Flow<X>{x} | ... | detail::Step<I, Sequential, Tape>{this, &tape, detail::node_of(x)}).x;
   }
 
   template <std::size_t... I>

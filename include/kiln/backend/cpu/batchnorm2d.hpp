@@ -171,7 +171,8 @@ template <class T, class Act = NoActivation>
 void batchnorm2d_train_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                                const T* beta, double eps, double momentum, T* running_mean,
                                T* running_var, T* y, T* save_mean, T* save_invstd,
-                               int threads = 1, Act act = {}, const T* residual = nullptr) {
+                               int threads = 1, Act act = {}, const T* residual = nullptr,
+                               T* save_scale = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_train_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_train_forward";
@@ -199,6 +200,7 @@ void batchnorm2d_train_forward(index_t n, index_t c, index_t hw, const T* x, con
     }
     if (save_mean) save_mean[ch] = T(mean);
     if (save_invstd) save_invstd[ch] = T(invstd);
+    if (save_scale) save_scale[ch] = T(invstd * g);
   });
 }
 
@@ -208,7 +210,7 @@ template <class T, class Act = NoActivation>
 void batchnorm2d_eval_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                               const T* beta, double eps, const T* running_mean,
                               const T* running_var, T* y, int threads = 1, Act act = {},
-                              const T* residual = nullptr) {
+                              const T* residual = nullptr, T* save_scale = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_eval_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_eval_forward";
@@ -223,6 +225,22 @@ void batchnorm2d_eval_forward(index_t n, index_t c, index_t hw, const T* x, cons
     const double scale = invstd * g;
     detail::batchnorm2d_channel_affine(n, c, hw, x, ch, double(running_mean[ch]), scale, b, y,
                                        act, residual);
+    if (save_scale) save_scale[ch] = T(scale);
+  });
+}
+
+// y = act((x - mean) * scale + shift) with the constants a forward used, in T (save_mean or the
+// running mean, save_scale, beta): the same elements, bit for bit, as the forward that wrote
+// them without a residual — its output made again from its input (nn::BatchNorm2d's remade
+// output, kiln/autograd/remake.hpp).
+template <class T, class Act = NoActivation>
+void batchnorm2d_apply(index_t n, index_t c, index_t hw, const T* x, const T* mean, const T* scale,
+                       const T* shift, T* y, int threads = 1, Act act = {}) {
+  static_assert(detail::batchnorm_type_ok<T>, "kiln::cpu::batchnorm2d_apply: T must be float or double");
+  detail::batchnorm2d_check_sizes("kiln::cpu::batchnorm2d_apply", n, c, hw);
+  detail::batchnorm2d_channels(c, threads, [&](index_t ch) {
+    detail::batchnorm2d_channel_affine(n, c, hw, x, ch, double(mean[ch]), double(scale[ch]), double(shift[ch]), y,
+                                       act);
   });
 }
 

@@ -198,7 +198,8 @@ template <class T, class Act = NoActivation>
 void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                                     const T* beta, double eps, double momentum, T* running_mean,
                                     T* running_var, T* y, T* save_mean, T* save_invstd,
-                                    int threads = 1, Act act = {}, const T* residual = nullptr) {
+                                    int threads = 1, Act act = {}, const T* residual = nullptr,
+                                    T* save_scale = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_nhwc_train_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_nhwc_train_forward";
@@ -228,6 +229,7 @@ void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x
       }
       if (save_mean) save_mean[ch] = T(mean[k]);
       if (save_invstd) save_invstd[ch] = T(invstd);
+      if (save_scale) save_scale[ch] = T(scale[k]);
     }
     detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
                                     act, residual);
@@ -239,7 +241,7 @@ template <class T, class Act = NoActivation>
 void batchnorm2d_nhwc_eval_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
                                    const T* beta, double eps, const T* running_mean,
                                    const T* running_var, T* y, int threads = 1, Act act = {},
-                                   const T* residual = nullptr) {
+                                   const T* residual = nullptr, T* save_scale = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_nhwc_eval_forward: T must be float or double");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_nhwc_eval_forward";
@@ -255,9 +257,28 @@ void batchnorm2d_nhwc_eval_forward(index_t n, index_t c, index_t hw, const T* x,
       mean[k] = double(running_mean[ch]);
       scale[k] = 1.0 / std::sqrt(double(running_var[ch]) + eps) * (gamma ? double(gamma[ch]) : 1.0);
       shift[k] = beta ? double(beta[ch]) : 0.0;
+      if (save_scale) save_scale[ch] = T(scale[k]);
     }
     detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
                                     act, residual);
+  });
+}
+
+// y = act((x - mean) * scale + shift) with the constants a forward used, as batchnorm2d_apply:
+// the forward's output, bit for bit, made again from its input.
+template <class T, class Act = NoActivation>
+void batchnorm2d_nhwc_apply(index_t n, index_t c, index_t hw, const T* x, const T* mean, const T* scale,
+                            const T* shift, T* y, int threads = 1, Act act = {}) {
+  static_assert(detail::batchnorm_type_ok<T>, "kiln::cpu::batchnorm2d_nhwc_apply: T must be float or double");
+  detail::batchnorm2d_check_sizes("kiln::cpu::batchnorm2d_nhwc_apply", n, c, hw);
+  detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
+    const std::size_t cw = std::size_t(c1 - c0);
+    std::vector<double> m(cw), a(cw), b(cw);  // exact: T -> double -> T is the identity
+    for (std::size_t k = 0; k < cw; ++k) {
+      const index_t ch = c0 + index_t(k);
+      m[k] = double(mean[ch]), a[k] = double(scale[ch]), b[k] = double(shift[ch]);
+    }
+    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, c1, m.data(), a.data(), b.data(), y, act);
   });
 }
 
