@@ -166,6 +166,9 @@ class BatchNorm2d {
   // A fused activation's backward recomputes the pre-activation from x and the statistics: no
   // copy is kept (what the memory planner counts).
   static constexpr bool recomputes_pre_activation = true;
+  // Its output (fp32 / fp64 on the host, without a residual) can be made again from its input in
+  // backward: nn::Sequential frees it once a next layer that takes it back ran (autograd/remake.hpp).
+  static constexpr bool remakeable_output = std::is_same_v<Space, host>;
   // Its backward reads its input, the statistics and the output's gradient, never the output.
   static constexpr bool backward_reads_output = false;
 

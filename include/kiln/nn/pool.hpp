@@ -3,9 +3,9 @@
 //   MaxPool2d<Kernel, Stride = Kernel, Padding = 0>
 //   AvgPool2d<Kernel, Stride = Kernel, Padding = 0, CountIncludePad = true>
 //   GlobalAvgPool: [N, C, H, W] -> [N, C] (AdaptiveAvgPool2d(1) + Flatten in PyTorch).
-// Each is ONE pass forward and ONE backward (when the input needs a gradient); max pool keeps
-// its argmax for backward. CPU backend (kiln/backend/cpu/pool2d.hpp); the CUDA path (cuDNN) is
-// not written yet.
+// Each is ONE pass forward and ONE backward (when the input needs a gradient); max pool's
+// backward finds each window's maximum again in its input (no argmax kept). CPU backend
+// (kiln/backend/cpu/pool2d.hpp); the CUDA path (cuDNN) is not written yet.
 #pragma once
 
 #include <cstdint>

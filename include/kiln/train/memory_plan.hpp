@@ -156,17 +156,31 @@ void plan_leaf(const L& l, PlanWalk& w) {
 template <class In, class M>
 void plan_walk(const M& m, PlanWalk& w);
 
+// A batch norm's output taken back by the layer after it (Next: one whose backward makes it
+// again) is freed after forward, not kept (nn::Sequential, autograd/remake.hpp): fp32 / fp64 only.
+template <class L, class Next, class Out>
+void plan_remade(PlanWalk& w, std::size_t kept_before) {
+  if constexpr (requires { L::remakeable_output; Next::remakes_input; } && sample_elements<Out>() != dyn) {
+    if (L::remakeable_output && Next::remakes_input && !w.mixed && w.kept > kept_before)
+      w.kept -= std::size_t(sample_elements<Out>()) * w.activation;
+  }
+}
+
 template <class In, class M, std::size_t I, std::size_t N>
 void plan_sequential(const M& m, PlanWalk& w) {
   if constexpr (I < N) {
     using Types = typename M::layer_types;
     using L = std::tuple_element_t<I, Types>;
+    const std::size_t kept_before = w.kept;
     if constexpr (M::fuses_with_next(I)) {  // a Linear / Conv2d / BatchNorm2d and the activation it runs
       plan_leaf<In, std::tuple_element_t<I + 1, Types>>(m.template layer<I>(), w);
       using Next = nn::output_sample_t<std::tuple_element_t<I + 1, Types>, nn::output_sample_t<L, In>>;
+      if constexpr (I + 2 < N) plan_remade<L, std::tuple_element_t<I + 2, Types>, Next>(w, kept_before);
       plan_sequential<Next, M, I + 2, N>(m, w);
     } else {
       plan_walk<In>(m.template layer<I>(), w);
+      if constexpr (I + 1 < N)
+        plan_remade<L, std::tuple_element_t<I + 1, Types>, nn::output_sample_t<L, In>>(w, kept_before);
       plan_sequential<nn::output_sample_t<L, In>, M, I + 1, N>(m, w);
     }
   }
