@@ -218,6 +218,14 @@ std::vector<Conv2dShape> conv_grid() {
       out.push_back({.n = pad == 1 ? 3 : 1, .c_in = pad == 2 ? 33 : 16, .h = h, .w = w,
                      .c_out = pad == 0 ? 40 : 17, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
                      .pad_h = pad, .pad_w = pad});
+  // Images large next to their channels run F(4x4, 3x3) forward and backward-data
+  // (winograd_tile_side): ResNet's 14x14 (4 tiles of 4 cover 16: spare rows and columns), a
+  // 13-wide image, and padding 0, 1 and 2 on 17 x 18.
+  out.push_back({.n = 2, .c_in = 24, .h = 14, .w = 13, .c_out = 16, .kh = 3, .kw = 3, .stride_h = 1,
+                 .stride_w = 1, .pad_h = 1, .pad_w = 1});
+  for (index_t pad : {0, 1, 2})
+    out.push_back({.n = 2, .c_in = 16, .h = 17, .w = 18, .c_out = 20, .kh = 3, .kw = 3, .stride_h = 1,
+                   .stride_w = 1, .pad_h = pad, .pad_w = pad});
   return out;
 }
 
@@ -226,9 +234,16 @@ std::vector<Conv2dShape> conv_grid() {
 TEST_CASE_TEMPLATE("conv2d_nhwc matches conv2d on transposed data", T, float, double) {
   std::uint64_t seed = std::is_same_v<T, float> ? 100 : 9000;
   int count = 0;
-  for (const auto& s : conv_grid()) conv_case<T>(s, seed++, ++count % 3 == 0 ? 2 : 1);
-  MESSAGE("conv2d_nhwc shapes: ", count);
+  int f4 = 0;  // shapes whose forward and backward-data run F(4x4, 3x3)
+  for (const auto& s : conv_grid()) {
+    conv_case<T>(s, seed++, ++count % 3 == 0 ? 2 : 1);
+    f4 += kiln::cpu::conv2d_winograd_applies(s) &&
+          kiln::cpu::detail::winograd_tile_side(s.n, s.out_h(), s.out_w(), s.c_in, s.c_out) == 4 &&
+          kiln::cpu::detail::winograd_tile_side(s.n, s.h, s.w, s.c_out, s.c_in) == 4;
+  }
+  MESSAGE("conv2d_nhwc shapes: ", count, ", of them F(4x4, 3x3): ", f4);
   CHECK(count > 250);
+  CHECK(f4 >= 4);
 }
 
 TEST_CASE("conv2d_nhwc in several chunks of images: bit-identical at 1 and 2 threads") {
@@ -265,7 +280,7 @@ TEST_CASE("conv2d_nhwc in several chunks of images: bit-identical at 1 and 2 thr
   }
 }
 
-TEST_CASE("conv2d_nhwc: Winograd F(2x2, 3x3) is the convolution, chosen automatically, and gemm keeps the old bits") {
+TEST_CASE("conv2d_nhwc: Winograd is the convolution, chosen automatically, and gemm keeps the old bits") {
   namespace cpu = kiln::cpu;
   const Conv2dShape shapes[] = {
       {.n = 2, .c_in = 16, .h = 9, .w = 6, .c_out = 24, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
@@ -320,7 +335,7 @@ TEST_CASE("conv2d_nhwc: Winograd F(2x2, 3x3) is the convolution, chosen automati
                               .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
     std::vector<float> x(x_size(strided)), w(w_size(strided)), dy(y_size(strided)), dw(w_size(strided));
     CHECK_THROWS_WITH_AS(cpu::conv2d_winograd_backward_filter<float>(strided, x.data(), dy.data(), dw.data(), 1),
-                         doctest::Contains("kiln::cpu::conv2d_winograd_backward_filter: Winograd F(2x2, 3x3) takes "
+                         doctest::Contains("kiln::cpu::conv2d_winograd_backward_filter: Winograd takes "
                                            "3x3, stride-1, undilated convolutions with padding <= 2, got 3x3 stride 2,2"),
                          kiln::ShapeError);
     CHECK_THROWS_AS(cpu::conv2d_winograd_forward<float>(strided, x.data(), w.data(), 1, [](index_t, const float*) {}),
@@ -334,13 +349,17 @@ TEST_CASE("conv2d_nhwc: Winograd F(2x2, 3x3) is the convolution, chosen automati
 }
 
 TEST_CASE("conv2d_nhwc Winograd in several chunks of tiles: bit-identical at 1 and 2 threads") {
-  // 256 channels: 256 tiles per chunk (WinogradF2Geometry::chunk); 3 images of 10 x 10 tiles
-  // make two chunks, the second partial, and backward-filter accumulates across them.
-  const Conv2dShape s{.n = 3, .c_in = 256, .h = 20, .w = 19, .c_out = 24, .kh = 3, .kw = 3,
+  // 256 channels: 113 tiles per chunk for F(4x4, 3x3) (forward, backward-data), 256 for F(2x2,
+  // 3x3) (backward-filter; WinogradGeometry::chunk); 3 images of 10 x 10 tiles of 4x4 (20 x 19 of
+  // 2x2) make several chunks, the last partial, and backward-filter accumulates across them.
+  const Conv2dShape s{.n = 3, .c_in = 256, .h = 40, .w = 38, .c_out = 24, .kh = 3, .kw = 3,
                       .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1};
   REQUIRE(kiln::cpu::conv2d_winograd_applies(s));
-  const kiln::cpu::detail::WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
-  REQUIRE(g.chunk<float>() < g.tiles());
+  for (index_t m : {2, 4}) {
+    const kiln::cpu::detail::WinogradGeometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w, m};
+    REQUIRE(g.chunk<float>() < g.tiles());
+    REQUIRE(g.tiles() % g.chunk<float>() != 0);
+  }
   std::mt19937_64 rng(43);
   const auto x = random_vec<float>(x_size(s), rng), w = random_vec<float>(w_size(s), rng);
   const auto dy = random_vec<float>(y_size(s), rng);

@@ -12,8 +12,8 @@
 // 1x1 stride-1 unpadded convolutions skip im2col: x's rows are the column matrix. The forward
 // never writes the column matrix: kiln's GEMM packs each block of patches from x itself
 // (detail::NhwcPatches); backward-filter still gathers it (it is that product's B operand).
-// 3x3 stride-1 shapes with 16 channels or more go to Winograd F(2x2, 3x3) instead, all three
-// passes (conv2d_winograd.hpp, conv2d_winograd_applies; conv_algorithm::gemm turns it off).
+// 3x3 stride-1 shapes with 16 channels or more go to Winograd (F(4x4, 3x3) or F(2x2, 3x3)) instead,
+// all three passes (conv2d_winograd.hpp, conv2d_winograd_applies; conv_algorithm::gemm turns it off).
 // Chunks depend on the shape only, so results are the same at any thread count.
 #pragma once
 

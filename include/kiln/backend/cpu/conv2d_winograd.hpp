@@ -1,24 +1,28 @@
 // kiln/backend/cpu/conv2d_winograd.hpp — 3x3 stride-1 convolutions, channels-last, by Winograd's
-// minimal filtering F(2x2, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional Neural
-// Networks", 2015).
+// minimal filtering (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2015):
+// forward and backward-data by F(4x4, 3x3) where the image is large next to the channels and
+// F(2x2, 3x3) elsewhere (winograd_tile_side), backward-filter by F(2x2, 3x3).
 //
-// Each 2x2 block of output pixels (a tile) is computed from the 4x4 block of input pixels that
-// covers it: V = B^T d B per input channel, U = G g G^T per filter, M = U . V summed over input
-// channels — 16 GEMMs, one per position of the 4x4 transform, [tiles, Cin] x [Cin, Cout] — and
-// Y = A^T M A. That is 16 multiply-adds per tile, channel pair where the direct convolution
-// (im2col + GEMM) does 36: 2.25x fewer, for three memory passes over 4x the input's and
-// output's size (done per chunk of tiles that stays near the caches). ResNet-50 spends about a
-// third of its step in 3x3 stride-1 convolutions, forward and backward-data.
+// Each m x m block of output pixels (a tile) is computed from the (m + 2) x (m + 2) block of input
+// pixels that covers it: V = B^T d B per input channel, U = G g G^T per filter, M = U . V summed
+// over input channels — one GEMM per position of the transform, [tiles, Cin] x [Cin, Cout] — and
+// Y = A^T M A. F(4x4, 3x3) does 36 multiply-adds per tile of 16 outputs and channel pair where the
+// direct convolution (im2col + GEMM) does 144: 4x fewer (F(2x2, 3x3): 16 for 4 outputs, 2.25x),
+// for memory passes over 2.25x the input's and output's size (done per chunk of tiles that stays
+// near the caches). ResNet-50 spends about a third of its step in 3x3 stride-1 convolutions,
+// forward and backward-data.
 //
 // Backward-data of a stride-1 3x3 convolution with padding p is the forward convolution of dy,
 // padded by 2 - p, with the filter rotated by 180 degrees and its channels swapped: the same code
-// with another filter transform (winograd_f2_filter's adjoint form).
+// with another filter transform (winograd_f4_filter's adjoint form). Backward-filter is the exact
+// adjoint of an F(2x2, 3x3) forward: dU = dM^T V per position, dw = G^T dU G.
 //
-// Arithmetic: the transforms' coefficients are 0, +-1 and +-1/2 (exact in binary), so the error
-// is that of a few extra additions per value — fp32 results differ from the direct convolution's
-// in the last bits, as cuDNN's and oneDNN's Winograd algorithms do. The chunking depends on the
-// shape only: the bits are the same at any thread count. Who wants the direct convolution's bits
-// sets conv_algorithm::gemm (set_conv_algorithm).
+// Arithmetic: F(2x2)'s coefficients are 0, +-1 and +-1/2 (exact in binary); F(4x4)'s reach 8 in
+// A and 5 in B and are fractions of 6 and 24 in G. Measured in fp32 against fp64 (56x56x64, unit
+// variance data, outputs up to 4.8): F(4x4)'s largest error 4.7e-5 (rms 1.7e-6), the direct
+// convolution's 2.0e-6, F(2x2)'s 3.1e-6 on 14x14x256 — cuDNN's and oneDNN's Winograd algorithms
+// trade the same way. The chunking depends on the shape only: the bits are the same at any thread
+// count. Who wants the direct convolution's bits sets conv_algorithm::gemm (set_conv_algorithm).
 #pragma once
 
 #include <algorithm>
@@ -30,7 +34,7 @@
 namespace kiln::cpu {
 
 // Which algorithm the CPU's channels-last convolutions use.
-//   automatic  Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions where it measured faster
+//   automatic  Winograd for 3x3 stride-1 convolutions where it measured faster
 //              (conv2d_winograd_applies), the direct im2col / implicit-GEMM path elsewhere;
 //   gemm       the direct path always (the bits of kiln before Winograd).
 enum class conv_algorithm { automatic, gemm };
@@ -67,24 +71,64 @@ namespace detail {
 inline constexpr int winograd_slot_u = 5, winograd_slot_v = 6, winograd_slot_m = 7,
                      winograd_slot_zero = 8, winograd_slot_tile = 9;
 
-// The 16 transform positions, xi = 4 * row + column.
-inline constexpr int winograd_f2_positions = 16;
-
 // Distance between consecutive planes of U, V and M (one per position) for planes of `values`:
-// one cache line more than the plane, because the transforms touch all 16 planes at once and
-// planes of a power-of-two size (layer4's U: 1 MiB each) would put all 16 streams in the same
-// cache set — measured, the filter transform alone then took half of layer4's convolution.
+// one cache line more than the plane, because the transforms touch all planes at once and planes
+// of a power-of-two size (layer4's U: 1 MiB each) would put every stream in the same cache set —
+// measured, the filter transform alone then took half of layer4's convolution.
 template <class T>
 index_t winograd_plane_stride(index_t values) {
   return values + index_t(64 / sizeof(T));
 }
 
-// U[xi][o][i] = (G g G^T)[xi] for the 3x3 filter g = w[o][i] (forward) or w[o][i] rotated by
+// U[xi][o][i] = (G g G^T)[xi], xi = 6 * row + column, for the 3x3 filter g = w[o][i] (forward) or
+// w[o][i] rotated by 180 degrees (adjoint: backward-data's filter), F(4x4, 3x3)'s
+// G = [[1/4, 0, 0], [-1/6, -1/6, -1/6], [-1/6, 1/6, -1/6], [1/24, 1/12, 1/6], [1/24, -1/12, 1/6],
+// [0, 0, 1]]. U keeps w's [co][ci] order, so w is read once in order and each of U's 36 planes
+// written in order (a transposed U made layer4's 512x512 filter a gather of strided reads:
+// slower than the whole convolution's multiply-adds); the GEMMs read a plane transposed (forward:
+// B = U^T) or as it is (backward-data: dy's channels are co).
+template <class T>
+void winograd_f4_filter(const T* w, index_t co, index_t ci, bool adjoint, T* u, int threads) {
+  const index_t plane = winograd_plane_stride<T>(co * ci);
+  // G's rows applied to (a, b, c), one filter row or column.
+  auto g_rows = [](T a, T b, T c, T* r) {
+    r[0] = T(0.25) * a;
+    r[1] = T(-1.0 / 6) * (a + b + c);
+    r[2] = T(-1.0 / 6) * (a - b + c);
+    r[3] = T(1.0 / 24) * a + T(1.0 / 12) * b + T(1.0 / 6) * c;
+    r[4] = T(1.0 / 24) * a - T(1.0 / 12) * b + T(1.0 / 6) * c;
+    r[5] = c;
+  };
+  // Blocks of input channels, their 9 taps transposed to g[tap][i] first so that the transform
+  // runs on vectors across i and stores contiguous runs into each plane (scalar, one filter at a
+  // time, it took half of layer4's convolution).
+  constexpr index_t block = 64;
+  conv2d_parallel(co, threads, [&](index_t o) {
+    for (index_t i0 = 0; i0 < ci; i0 += block) {
+      const index_t bn = std::min(block, ci - i0);
+      alignas(64) T g[9][block];
+      for (index_t i = 0; i < bn; ++i) {
+        const T* f = w + (o * ci + i0 + i) * 9;
+        for (int t = 0; t < 9; ++t) g[adjoint ? 8 - t : t][i] = f[t];
+      }
+      T* out = u + o * ci + i0;
+#pragma GCC ivdep
+      for (index_t i = 0; i < bn; ++i) {
+        T gg[3][6];  // (G g)^T: G applied down each of the filter's 3 columns
+        for (int c = 0; c < 3; ++c) g_rows(g[c][i], g[3 + c][i], g[6 + c][i], gg[c]);
+        for (int r = 0; r < 6; ++r) {  // (G g) G^T, row r
+          T row[6];
+          g_rows(gg[0][r], gg[1][r], gg[2][r], row);
+          for (int c = 0; c < 6; ++c) out[(r * 6 + c) * plane + i] = row[c];
+        }
+      }
+    }
+  });
+}
+
+// F(2x2, 3x3)'s U[xi][o][i] = (G g G^T)[xi], xi = 4 * row + column, for the 3x3 filter g = w[o][i] (forward) or w[o][i] rotated by
 // 180 degrees (adjoint: backward-data's filter), G = [[1, 0, 0], [1/2, 1/2, 1/2],
-// [1/2, -1/2, 1/2], [0, 0, 1]]. U keeps w's [co][ci] order, so w is read once in order and each
-// of U's 16 planes written in order (a transposed U made layer4's 512x512 filter a gather of
-// 262 K strided reads: slower than the whole convolution's multiply-adds); the GEMMs read a
-// plane transposed (forward: B = U^T) or as it is (backward-data: dy's channels are co).
+// [1/2, -1/2, 1/2], [0, 0, 1]]; laid out as winograd_f4_filter's.
 template <class T>
 void winograd_f2_filter(const T* w, index_t co, index_t ci, bool adjoint, T* u, int threads) {
   const index_t plane = winograd_plane_stride<T>(co * ci);
@@ -123,45 +167,88 @@ void winograd_f2_filter(const T* w, index_t co, index_t ci, bool adjoint, T* u, 
 }
 
 // The geometry of one Winograd convolution: input [n, h, w, ci] padded by (ph, pw), output
-// [n, oh, ow, co] with oh = h + 2 ph - 2, ow = w + 2 pw - 2, in tiles of 2x2 output pixels.
-struct WinogradF2Geometry {
-  index_t n, h, w, ci, co, ph, pw;
+// [n, oh, ow, co] with oh = h + 2 ph - 2, ow = w + 2 pw - 2, in tiles of m x m output pixels
+// (m = 4: F(4x4, 3x3); 2: F(2x2, 3x3)), each from (m + 2) x (m + 2) input pixels.
+struct WinogradGeometry {
+  index_t n, h, w, ci, co, ph, pw, m;
+  index_t positions() const { return (m + 2) * (m + 2); }
   index_t out_h() const { return h + 2 * ph - 2; }
   index_t out_w() const { return w + 2 * pw - 2; }
-  index_t tiles_h() const { return (out_h() + 1) / 2; }
-  index_t tiles_w() const { return (out_w() + 1) / 2; }
+  index_t tiles_h() const { return (out_h() + m - 1) / m; }
+  index_t tiles_w() const { return (out_w() + m - 1) / m; }
   index_t tiles() const { return n * tiles_h() * tiles_w(); }
   // Tile t's image and its row and column of tiles (tiles run image by image, row by row).
   struct Tile {
     index_t img, th, tw;
   };
   Tile tile(index_t t) const { return {t / (tiles_h() * tiles_w()), t / tiles_w() % tiles_h(), t % tiles_w()}; }
-  // Tiles per chunk: V [16, tiles, ci] and M [16, tiles, co] stay under about 4 MiB each (as
-  // conv2d_chunk bounds the column matrix), at least 64 so a GEMM's packing of U's 16 blocks is
-  // spread over enough rows. Depends on the shape only.
+  // Tiles per chunk: V [positions, tiles, ci] and M [positions, tiles, co] stay under about 4 MiB
+  // each (as conv2d_chunk bounds the column matrix), at least 64 so a GEMM's packing of U's
+  // blocks is spread over enough rows. Depends on the shape only.
   template <class T>
   index_t chunk() const {
-    const index_t per_tile = winograd_f2_positions * std::max(ci, co) * index_t(sizeof(T));
+    const index_t per_tile = positions() * std::max(ci, co) * index_t(sizeof(T));
     return std::min(std::max<index_t>(index_t(std::size_t(4) << 20) / per_tile, 64), std::max<index_t>(tiles(), 1));
   }
 };
 
-// V[xi][t][c] = (B^T d B)[xi] for tile t0 + t of x, B^T = [[1, 0, -1, 0], [0, 1, 1, 0],
-// [0, -1, 1, 0], [0, 1, 0, -1]]; pixels outside the image read zero (the padding).
+// The (m + 2)^2 input pixels of tile t: pointers to their [ci] channels, or to zeros outside the
+// image (the padding), row-major.
 template <class T>
-void winograd_f2_input(const WinogradF2Geometry& g, const T* x, index_t t0, index_t tc, index_t plane,
+void winograd_tile_inputs(const WinogradGeometry& g, const T* x, index_t t, const T* zeros, const T** d) {
+  const auto [img, th, tw] = g.tile(t);
+  const index_t side = g.m + 2, ih0 = g.m * th - g.ph, iw0 = g.m * tw - g.pw;
+  for (index_t i = 0; i < side; ++i)
+    for (index_t j = 0; j < side; ++j) {
+      const index_t ih = ih0 + i, iw = iw0 + j;
+      const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+      d[i * side + j] = inside ? x + ((img * g.h + ih) * g.w + iw) * g.ci : zeros;
+    }
+}
+
+// V[xi][t][c] = (B^T d B)[xi] for tile t0 + t of x, F(4x4, 3x3)'s
+// B^T = [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+// [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]].
+template <class T>
+void winograd_f4_input(const WinogradGeometry& g, const T* x, index_t t0, index_t tc, index_t plane,
+                       const T* zeros, T* v, int threads) {
+  const index_t ci = g.ci;
+  // B^T applied to (d0 .. d5), one column or row of the tile.
+  auto bt = [](T d0, T d1, T d2, T d3, T d4, T d5, T* r) {
+    r[0] = T(4) * d0 - T(5) * d2 + d4;
+    r[1] = d3 + d4 - T(4) * (d1 + d2);
+    r[2] = d4 - d3 + T(4) * (d1 - d2);
+    r[3] = d4 - d2 + T(2) * (d3 - d1);
+    r[4] = d4 - d2 + T(2) * (d1 - d3);
+    r[5] = T(4) * d1 - T(5) * d3 + d5;
+  };
+  conv2d_parallel(tc, threads, [&](index_t t) {
+    const T* d[36];
+    winograd_tile_inputs(g, x, t0 + t, zeros, d);
+    T* out = v + t * ci;
+#pragma GCC ivdep
+    for (index_t c = 0; c < ci; ++c) {
+      T r[6][6];  // (B^T d)^T: B^T down each column
+      for (int j = 0; j < 6; ++j)
+        bt(d[j][c], d[6 + j][c], d[12 + j][c], d[18 + j][c], d[24 + j][c], d[30 + j][c], r[j]);
+      for (int i = 0; i < 6; ++i) {  // (B^T d) B, row i
+        T row[6];
+        bt(r[0][i], r[1][i], r[2][i], r[3][i], r[4][i], r[5][i], row);
+        for (int j = 0; j < 6; ++j) out[(i * 6 + j) * plane + c] = row[j];
+      }
+    }
+  });
+}
+
+// F(2x2, 3x3)'s V[xi][t][c] = (B^T d B)[xi], xi = 4 * row + column, for tile t0 + t of x,
+// B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]] (backward-filter's).
+template <class T>
+void winograd_f2_input(const WinogradGeometry& g, const T* x, index_t t0, index_t tc, index_t plane,
                        const T* zeros, T* v, int threads) {
   const index_t ci = g.ci;
   conv2d_parallel(tc, threads, [&](index_t t) {
-    const auto [img, th, tw] = g.tile(t0 + t);
-    const index_t ih0 = 2 * th - g.ph, iw0 = 2 * tw - g.pw;
     const T* d[16];
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 4; ++j) {
-        const index_t ih = ih0 + i, iw = iw0 + j;
-        const bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-        d[i * 4 + j] = inside ? x + ((img * g.h + ih) * g.w + iw) * ci : zeros;
-      }
+    winograd_tile_inputs(g, x, t0 + t, zeros, d);
     T* out = v + t * ci;
 #pragma GCC ivdep
     for (index_t c = 0; c < ci; ++c) {
@@ -194,10 +281,54 @@ struct WinogradEmit {
   void operator()(index_t pixel, const T* values) const { fn(ctx, pixel, values); }
 };
 
+// Output tile t0 + t = A^T M A, F(4x4, 3x3)'s A^T = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0],
+// [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], handed per output pixel inside the image to
+// emit(pixel, values [co]) with pixel = (img * oh + oh_i) * ow + ow_j.
+template <class T>
+void winograd_f4_output(const WinogradGeometry& g, const T* m, index_t t0, index_t tc, index_t plane,
+                        int threads, const WinogradEmit<T>& emit) {
+  const index_t co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
+  // A^T applied to (m0 .. m5), one column or row of the tile.
+  auto at = [](T m0, T m1, T m2, T m3, T m4, T m5, T* r) {
+    const T p12 = m1 + m2, n12 = m1 - m2, p34 = m3 + m4, n34 = m3 - m4;
+    r[0] = m0 + p12 + p34;
+    r[1] = n12 + T(2) * n34;
+    r[2] = p12 + T(4) * p34;
+    r[3] = n12 + T(8) * n34 + m5;
+  };
+  T* buf = conv2d_scratch<T, winograd_slot_tile>(std::size_t(16 * co * std::max(threads, 1)));
+  conv2d_parallel(tc, threads, [&](index_t t) {
+    const auto [img, th, tw] = g.tile(t0 + t);
+#if defined(_OPENMP)
+    T* y = buf + 16 * co * (threads > 1 ? omp_get_thread_num() : 0);
+#else
+    T* y = buf;
+#endif
+    const T* in = m + t * co;
+#pragma GCC ivdep
+    for (index_t k = 0; k < co; ++k) {
+      T r[6][4];  // (A^T M)^T: A^T down each column
+      for (int j = 0; j < 6; ++j)
+        at(in[j * plane + k], in[(6 + j) * plane + k], in[(12 + j) * plane + k], in[(18 + j) * plane + k],
+           in[(24 + j) * plane + k], in[(30 + j) * plane + k], r[j]);
+      for (int i = 0; i < 4; ++i) {  // (A^T M) A, row i
+        T row[4];
+        at(r[0][i], r[1][i], r[2][i], r[3][i], r[4][i], r[5][i], row);
+        for (int j = 0; j < 4; ++j) y[(i * 4 + j) * co + k] = row[j];
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) {
+        const index_t oh = 4 * th + i, ow = 4 * tw + j;
+        if (oh < oh_n && ow < ow_n) emit((img * oh_n + oh) * ow_n + ow, y + (i * 4 + j) * co);
+      }
+  });
+}
+
 // Output tile t0 + t = A^T M A, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]], handed per output pixel
 // inside the image to emit(pixel, values [co]) with pixel = (img * oh + oh_i) * ow + ow_j.
 template <class T>
-void winograd_f2_output(const WinogradF2Geometry& g, const T* m, index_t t0, index_t tc, index_t plane,
+void winograd_f2_output(const WinogradGeometry& g, const T* m, index_t t0, index_t tc, index_t plane,
                         int threads, const WinogradEmit<T>& emit) {
   const index_t co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
   T* buf = conv2d_scratch<T, winograd_slot_tile>(std::size_t(4 * co * std::max(threads, 1)));
@@ -235,7 +366,7 @@ void winograd_f2_output(const WinogradF2Geometry& g, const T* m, index_t t0, ind
 // [n, oh, ow, co], A = [[1, 0], [1, 1], [1, -1], [0, -1]]; pixels past the image's edge (the
 // last tiles' spare row or column) read zero.
 template <class T>
-void winograd_f2_output_adjoint(const WinogradF2Geometry& g, const T* dy, index_t t0, index_t tc, index_t plane,
+void winograd_f2_output_adjoint(const WinogradGeometry& g, const T* dy, index_t t0, index_t tc, index_t plane,
                                 const T* zeros, T* dm, int threads) {
   const index_t co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
   conv2d_parallel(tc, threads, [&](index_t t) {
@@ -261,8 +392,8 @@ void winograd_f2_output_adjoint(const WinogradF2Geometry& g, const T* dy, index_
   });
 }
 
-// The adjoint of winograd_f2_filter's forward form: dw[o][i] = G^T dU[.][o][i] G for the 16
-// planes of du (stride plane), G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]].
+// The adjoint of F(2x2, 3x3)'s filter transform U = G g G^T: dw[o][i] = G^T dU[.][o][i] G for the
+// 16 planes of du (stride plane), G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]].
 template <class T>
 void winograd_f2_filter_adjoint(const T* du, index_t plane, index_t co, index_t ci, T* dw, int threads) {
   conv2d_parallel(co, threads, [&](index_t o) {
@@ -293,14 +424,14 @@ struct WinogradBuffers {
   T *u, *v, *m;
   const T* zeros;
 
-  explicit WinogradBuffers(const WinogradF2Geometry& g)
+  explicit WinogradBuffers(const WinogradGeometry& g)
       : chunk(g.chunk<T>()),
         u_plane(winograd_plane_stride<T>(g.ci * g.co)),
         v_plane(winograd_plane_stride<T>(chunk * g.ci)),
         m_plane(winograd_plane_stride<T>(chunk * g.co)),
-        u(conv2d_scratch<T, winograd_slot_u>(std::size_t(winograd_f2_positions * u_plane))),
-        v(conv2d_scratch<T, winograd_slot_v>(std::size_t(winograd_f2_positions * v_plane))),
-        m(conv2d_scratch<T, winograd_slot_m>(std::size_t(winograd_f2_positions * m_plane))) {
+        u(conv2d_scratch<T, winograd_slot_u>(std::size_t(g.positions() * u_plane))),
+        v(conv2d_scratch<T, winograd_slot_v>(std::size_t(g.positions() * v_plane))),
+        m(conv2d_scratch<T, winograd_slot_m>(std::size_t(g.positions() * m_plane))) {
     const index_t wide = std::max(g.ci, g.co);
     T* z = conv2d_scratch<T, winograd_slot_zero>(std::size_t(wide));
     std::fill(z, z + wide, T(0));
@@ -308,45 +439,61 @@ struct WinogradBuffers {
   }
 };
 
-// product(xi, threads) for the 16 positions. With kiln's own GEMM the products are split across
-// threads, one thread each: a product of a few channels does not split well by itself (backward-
-// filter's [co, ci] result with 64 x 32 channels is one GEMM panel: serial at two threads), and
-// one thread per product has no fork and join per GEMM; a product's bits do not depend on which
-// thread runs it. A CBLAS is not called from several threads at once (not every build allows
-// it): the products run in turn, each on all threads.
+// product(xi, threads) for each of the positions. With kiln's own GEMM the products are split
+// across threads, one thread each: a product of a few channels does not split well by itself
+// (backward-filter's [co, ci] result with 64 x 32 channels is one GEMM panel: serial at two
+// threads), and one thread per product has no fork and join per GEMM; a product's bits do not
+// depend on which thread runs it. A CBLAS is not called from several threads at once (not every
+// build allows it): the products run in turn, each on all threads.
 template <class F>
-void winograd_f2_products(int threads, const F& product) {
+void winograd_products(index_t positions, int threads, const F& product) {
   if (current_gemm_backend() == gemm_backend::own) {
-    conv2d_parallel(winograd_f2_positions, threads, [&](index_t xi) { product(xi, 1); });
+    conv2d_parallel(positions, threads, [&](index_t xi) { product(xi, 1); });
   } else {
-    for (index_t xi = 0; xi < winograd_f2_positions; ++xi) product(xi, threads);
+    for (index_t xi = 0; xi < positions; ++xi) product(xi, threads);
   }
 }
 
-// The convolution of x by the filter transformed into b.u (winograd_f2_filter: U^T for the
-// forward, U as it is for backward-data), each output pixel handed to emit(pixel, values [co]) once.
+// The convolution of x by the filter transformed into b.u (winograd_f4_filter or _f2_filter, as
+// g.m: U^T for the forward, U as it is for backward-data), each output pixel handed to
+// emit(pixel, values [co]) once.
 template <class T>
-void winograd_f2_run(const WinogradF2Geometry& g, const T* x, const WinogradBuffers<T>& b, bool u_transposed,
-                     int threads, const WinogradEmit<T>& emit) {
+void winograd_run(const WinogradGeometry& g, const T* x, const WinogradBuffers<T>& b, bool u_transposed,
+                  int threads, const WinogradEmit<T>& emit) {
   const index_t tiles = g.tiles();
   for (index_t t0 = 0; t0 < tiles; t0 += b.chunk) {
     const index_t tc = std::min(b.chunk, tiles - t0);
-    winograd_f2_input(g, x, t0, tc, b.v_plane, b.zeros, b.v, threads);
-    winograd_f2_products(threads, [&](index_t xi, int product_threads) {
+    if (g.m == 4) winograd_f4_input(g, x, t0, tc, b.v_plane, b.zeros, b.v, threads);
+    else winograd_f2_input(g, x, t0, tc, b.v_plane, b.zeros, b.v, threads);
+    winograd_products(g.positions(), threads, [&](index_t xi, int product_threads) {
       gemm<T>(trans::no, u_transposed ? trans::yes : trans::no, tc, g.co, g.ci, T(1), b.v + xi * b.v_plane, g.ci,
               b.u + xi * b.u_plane, u_transposed ? g.ci : g.co, T(0), b.m + xi * b.m_plane, g.co, product_threads);
     });
-    winograd_f2_output(g, b.m, t0, tc, b.m_plane, threads, emit);
+    if (g.m == 4) winograd_f4_output(g, b.m, t0, tc, b.m_plane, threads, emit);
+    else winograd_f2_output(g, b.m, t0, tc, b.m_plane, threads, emit);
   }
 }
 
-// The shape checks of the public entry points: a valid convolution, and one Winograd F(2x2, 3x3)
-// computes (any other would come out wrong, not slow).
+// The output tile side for a forward (or backward-data) of geometry g: F(4x4, 3x3) where tiles of
+// 4x4 outnumber the channels, F(2x2, 3x3) below. F(4x4) does 1.8x fewer multiply-adds than F(2x2)
+// but transforms 36 positions instead of 16 — the filter's (36 planes of ci x co) and each
+// product's packing of its plane cost as much per call whatever the tiles — so it wins where the
+// image is large next to the channels. Measured (AMD EPYC Zen 3, one thread, batch 8, forward /
+// backward-data ms, F(2x2) -> F(4x4)): ResNet-50's 56x56x64 15.7 -> 12.6, 28x28x128 12.8 -> 9.9
+// (tiles / channels 24 and 3: F(4x4)); 14x14x256 12.1 -> 12.7, 7x7x512 17.0 -> 21.1 (0.5 and
+// 0.06: F(2x2)). Depends on the shape only.
+inline index_t winograd_tile_side(index_t n, index_t out_h, index_t out_w, index_t ci, index_t co) {
+  const index_t tiles4 = n * ((out_h + 3) / 4) * ((out_w + 3) / 4);
+  return tiles4 >= std::max(ci, co) ? 4 : 2;
+}
+
+// The shape checks of the public entry points: a valid convolution, and one Winograd's 3x3
+// transforms compute (any other would come out wrong, not slow).
 inline void winograd_check(const Conv2dShape& s, const char* fn) {
   s.check(fn);
   KILN_CHECK(s.kh == 3 && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1 && s.dil_h == 1 && s.dil_w == 1 &&
                  s.pad_h <= 2 && s.pad_w <= 2,
-             ShapeError, fn, ": Winograd F(2x2, 3x3) takes 3x3, stride-1, undilated convolutions with padding <= 2, got ",
+             ShapeError, fn, ": Winograd takes 3x3, stride-1, undilated convolutions with padding <= 2, got ",
              s.kh, "x", s.kw, " stride ", s.stride_h, ",", s.stride_w, " dilation ", s.dil_h, ",", s.dil_w,
              " padding ", s.pad_h, ",", s.pad_w);
 }
@@ -354,20 +501,24 @@ inline void winograd_check(const Conv2dShape& s, const char* fn) {
 // The passes behind conv2d_winograd_forward / _backward_data with the filter transform, compiled
 // once per element type.
 template <class T>
-void winograd_f2_forward(const Conv2dShape& s, const T* x, const T* w, int threads, const WinogradEmit<T>& emit) {
-  const WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
+void winograd_forward(const Conv2dShape& s, const T* x, const T* w, int threads, const WinogradEmit<T>& emit) {
+  const index_t m = winograd_tile_side(s.n, s.out_h(), s.out_w(), s.c_in, s.c_out);
+  const WinogradGeometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w, m};
   const WinogradBuffers<T> b(g);
-  winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/false, b.u, threads);
-  winograd_f2_run(g, x, b, /*u_transposed=*/true, threads, emit);
+  if (m == 4) winograd_f4_filter(w, s.c_out, s.c_in, /*adjoint=*/false, b.u, threads);
+  else winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/false, b.u, threads);
+  winograd_run(g, x, b, /*u_transposed=*/true, threads, emit);
 }
 
 template <class T>
-void winograd_f2_backward_data(const Conv2dShape& s, const T* dy, const T* w, int threads,
-                               const WinogradEmit<T>& emit) {
-  const WinogradF2Geometry g{s.n, s.out_h(), s.out_w(), s.c_out, s.c_in, 2 - s.pad_h, 2 - s.pad_w};
+void winograd_backward_data(const Conv2dShape& s, const T* dy, const T* w, int threads,
+                            const WinogradEmit<T>& emit) {
+  const index_t m = winograd_tile_side(s.n, s.h, s.w, s.c_out, s.c_in);
+  const WinogradGeometry g{s.n, s.out_h(), s.out_w(), s.c_out, s.c_in, 2 - s.pad_h, 2 - s.pad_w, m};
   const WinogradBuffers<T> b(g);
-  winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/true, b.u, threads);
-  winograd_f2_run(g, dy, b, /*u_transposed=*/false, threads, emit);
+  if (m == 4) winograd_f4_filter(w, s.c_out, s.c_in, /*adjoint=*/true, b.u, threads);
+  else winograd_f2_filter(w, s.c_out, s.c_in, /*adjoint=*/true, b.u, threads);
+  winograd_run(g, dy, b, /*u_transposed=*/false, threads, emit);
 }
 
 template <class T, class Emit>
@@ -383,7 +534,7 @@ WinogradEmit<T> winograd_emit(const Emit& emit) {
 template <class T, class Emit>
 void conv2d_winograd_forward(const Conv2dShape& s, const T* x, const T* w, int threads, const Emit& emit) {
   detail::winograd_check(s, "kiln::cpu::conv2d_winograd_forward");
-  detail::winograd_f2_forward<T>(s, x, w, threads, detail::winograd_emit<T>(emit));
+  detail::winograd_forward<T>(s, x, w, threads, detail::winograd_emit<T>(emit));
 }
 
 // dx = d(sum y * dy)/dx for the same shapes: the Winograd forward of dy padded by 2 - p with the
@@ -391,7 +542,7 @@ void conv2d_winograd_forward(const Conv2dShape& s, const T* x, const T* w, int t
 template <class T, class Emit>
 void conv2d_winograd_backward_data(const Conv2dShape& s, const T* dy, const T* w, int threads, const Emit& emit) {
   detail::winograd_check(s, "kiln::cpu::conv2d_winograd_backward_data");
-  detail::winograd_f2_backward_data<T>(s, dy, w, threads, detail::winograd_emit<T>(emit));
+  detail::winograd_backward_data<T>(s, dy, w, threads, detail::winograd_emit<T>(emit));
 }
 
 // dw = d(sum y * dy)/dw for the same shapes (overwritten): the exact adjoint of
@@ -401,14 +552,14 @@ template <class T>
 void conv2d_winograd_backward_filter(const Conv2dShape& s, const T* x, const T* dy, T* dw, int threads) {
   using namespace detail;
   winograd_check(s, "kiln::cpu::conv2d_winograd_backward_filter");
-  const WinogradF2Geometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w};
+  const WinogradGeometry g{s.n, s.h, s.w, s.c_in, s.c_out, s.pad_h, s.pad_w, 2};
   const index_t tiles = g.tiles();
   const WinogradBuffers<T> b(g);  // b.u holds dU, b.m holds dM
   for (index_t t0 = 0; t0 < tiles; t0 += b.chunk) {
     const index_t tc = std::min(b.chunk, tiles - t0);
     winograd_f2_input(g, x, t0, tc, b.v_plane, b.zeros, b.v, threads);
     winograd_f2_output_adjoint(g, dy, t0, tc, b.m_plane, b.zeros, b.m, threads);
-    winograd_f2_products(threads, [&](index_t xi, int product_threads) {
+    winograd_products(g.positions(), threads, [&](index_t xi, int product_threads) {
       gemm<T>(trans::yes, trans::no, g.co, g.ci, tc, T(1), b.m + xi * b.m_plane, g.co, b.v + xi * b.v_plane, g.ci,
               t0 == 0 ? T(0) : T(1), b.u + xi * b.u_plane, g.ci, product_threads);
     });
@@ -419,10 +570,10 @@ void conv2d_winograd_backward_filter(const Conv2dShape& s, const T* x, const T* 
 // Compiled once in kiln::kernels (src/kernels/conv_winograd.cpp) for the element types the
 // convolutions take.
 #define KILN_CPU_WINOGRAD_INSTANCES(EXTERN, T)                                                              \
-  EXTERN template void detail::winograd_f2_forward<T>(const Conv2dShape&, const T*, const T*, int,           \
-                                                      const detail::WinogradEmit<T>&);                     \
-  EXTERN template void detail::winograd_f2_backward_data<T>(const Conv2dShape&, const T*, const T*, int,     \
-                                                            const detail::WinogradEmit<T>&);               \
+  EXTERN template void detail::winograd_forward<T>(const Conv2dShape&, const T*, const T*, int,              \
+                                                   const detail::WinogradEmit<T>&);                        \
+  EXTERN template void detail::winograd_backward_data<T>(const Conv2dShape&, const T*, const T*, int,        \
+                                                         const detail::WinogradEmit<T>&);                  \
   EXTERN template void conv2d_winograd_backward_filter<T>(const Conv2dShape&, const T*, const T*, T*, int);
 #if KILN_EXTERN_KERNELS
 KILN_CPU_WINOGRAD_INSTANCES(extern, float)
