@@ -39,27 +39,31 @@ bool same_bits(const T* a, const T* b, index_t n) {
 }
 
 // The batch norm kernels' apply (what a remade output runs) against the forward that wrote the
-// constants: train and eval mode, with and without ReLU, one layout.
-template <class T, class Forward, class Apply>
-void apply_equals_forward(const Forward& forward, const Apply& apply, bool nhwc) {
+// constants: train and eval mode, with and without ReLU, one layout (nn's kernel table for it).
+template <nn::layout L, class T, class Act>
+void apply_equals_forward(Act act) {
+  using K = nn::detail::bn_kernels<L>;
   const index_t c = 24, hw = 7 * 9, n = 3;  // 24 channels: more than one NHWC channel part
-  const auto x = random_values<T>(std::size_t(n * c * hw), nhwc ? 1 : 2);
+  const auto x = random_values<T>(std::size_t(n * c * hw), 1);
   const auto gamma = random_values<T>(std::size_t(c), 3), beta = random_values<T>(std::size_t(c), 4);
-  for (bool train : {true, false})
-    for (bool relu : {false, true}) {
-      CAPTURE(train);
-      CAPTURE(relu);
-      const std::size_t cs = std::size_t(c);
-      std::vector<T> rm(cs, T(0.25)), rv(cs, T(1.5)), mean(cs), invstd(cs), scale(cs, T(-7)), y(x.size()),
-          y2(x.size(), T(-9));
-      forward(train, relu, n, c, hw, x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), y.data(), mean.data(),
-              invstd.data(), scale.data());
-      const T* m = train ? mean.data() : rm.data();
-      for (int threads : {1, 2}) {
-        apply(relu, n, c, hw, x.data(), m, scale.data(), beta.data(), y2.data(), threads);
-        CHECK(same_bits(y.data(), y2.data(), n * c * hw));
-      }
+  const T* none = nullptr;  // no residual
+  for (bool train : {true, false}) {
+    CAPTURE(train);
+    const std::size_t cs = std::size_t(c);
+    std::vector<T> rm(cs, T(0.25)), rv(cs, T(1.5)), mean(cs), invstd(cs), scale(cs, T(-7)), y(x.size()),
+        y2(x.size(), T(-9));
+    if (train)
+      K::train_forward(n, c, hw, x.data(), gamma.data(), beta.data(), 1e-5, 0.1, rm.data(), rv.data(), y.data(),
+                       mean.data(), invstd.data(), 2, act, none, scale.data());
+    else
+      K::eval_forward(n, c, hw, x.data(), gamma.data(), beta.data(), 1e-5, rm.data(), rv.data(), y.data(), 2, act,
+                      none, scale.data());
+    const T* m = train ? mean.data() : rm.data();
+    for (int threads : {1, 2}) {
+      K::apply(n, c, hw, x.data(), m, scale.data(), beta.data(), y2.data(), threads, act);
+      CHECK(same_bits(y.data(), y2.data(), n * c * hw));
     }
+  }
 }
 
 // A Sequential run by hand, layer by layer (what Sequential fuses, fused the same way), keeping
@@ -124,36 +128,10 @@ void sequential_case() {
 }  // namespace
 
 TEST_CASE("batch norm's apply makes its forward's output again, bit for bit") {
-  SUBCASE("NCHW") {
-    apply_equals_forward<float>(
-        [](bool train, bool relu, auto... a) {
-          auto [n, c, hw, x, g, b, rm, rv, y, mean, invstd, scale] = std::tuple{a...};
-          if (train && relu) cpu::batchnorm2d_train_forward(n, c, hw, x, g, b, 1e-5, 0.1, rm, rv, y, mean, invstd, 2, fn::Relu{}, static_cast<const float*>(nullptr), scale);
-          else if (train) cpu::batchnorm2d_train_forward(n, c, hw, x, g, b, 1e-5, 0.1, rm, rv, y, mean, invstd, 2, cpu::NoActivation{}, static_cast<const float*>(nullptr), scale);
-          else if (relu) cpu::batchnorm2d_eval_forward(n, c, hw, x, g, b, 1e-5, rm, rv, y, 2, fn::Relu{}, static_cast<const float*>(nullptr), scale);
-          else cpu::batchnorm2d_eval_forward(n, c, hw, x, g, b, 1e-5, rm, rv, y, 2, cpu::NoActivation{}, static_cast<const float*>(nullptr), scale);
-        },
-        [](bool relu, auto n, auto c, auto hw, auto x, auto m, auto s, auto b, auto y, int threads) {
-          if (relu) cpu::batchnorm2d_apply(n, c, hw, x, m, s, b, y, threads, fn::Relu{});
-          else cpu::batchnorm2d_apply(n, c, hw, x, m, s, b, y, threads);
-        },
-        false);
-  }
-  SUBCASE("NHWC") {
-    apply_equals_forward<float>(
-        [](bool train, bool relu, auto... a) {
-          auto [n, c, hw, x, g, b, rm, rv, y, mean, invstd, scale] = std::tuple{a...};
-          if (train && relu) cpu::batchnorm2d_nhwc_train_forward(n, c, hw, x, g, b, 1e-5, 0.1, rm, rv, y, mean, invstd, 2, fn::Relu{}, static_cast<const float*>(nullptr), scale);
-          else if (train) cpu::batchnorm2d_nhwc_train_forward(n, c, hw, x, g, b, 1e-5, 0.1, rm, rv, y, mean, invstd, 2, cpu::NoActivation{}, static_cast<const float*>(nullptr), scale);
-          else if (relu) cpu::batchnorm2d_nhwc_eval_forward(n, c, hw, x, g, b, 1e-5, rm, rv, y, 2, fn::Relu{}, static_cast<const float*>(nullptr), scale);
-          else cpu::batchnorm2d_nhwc_eval_forward(n, c, hw, x, g, b, 1e-5, rm, rv, y, 2, cpu::NoActivation{}, static_cast<const float*>(nullptr), scale);
-        },
-        [](bool relu, auto n, auto c, auto hw, auto x, auto m, auto s, auto b, auto y, int threads) {
-          if (relu) cpu::batchnorm2d_nhwc_apply(n, c, hw, x, m, s, b, y, threads, fn::Relu{});
-          else cpu::batchnorm2d_nhwc_apply(n, c, hw, x, m, s, b, y, threads);
-        },
-        true);
-  }
+  apply_equals_forward<nn::layout::nchw, float>(cpu::NoActivation{});
+  apply_equals_forward<nn::layout::nchw, float>(fn::Relu{});
+  apply_equals_forward<nn::layout::nhwc, float>(cpu::NoActivation{});
+  apply_equals_forward<nn::layout::nhwc, float>(fn::Relu{});
 }
 
 using Block = nn::Sequential<nn::Unflatten<C, H, W>, nn::Conv2d<C, C, 3, 1, 1, 1, false>, nn::BatchNorm2d<C>, nn::ReLU,

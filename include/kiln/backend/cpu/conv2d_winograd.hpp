@@ -80,13 +80,34 @@ index_t winograd_plane_stride(index_t values) {
   return values + index_t(64 / sizeof(T));
 }
 
+// Runs transform(g, bn, out) over w's [co][ci][3][3] filters in blocks of up to 64 input channels:
+// g[tap][i] holds the block's 9 taps transposed (rotated by 180 degrees for the adjoint form,
+// backward-data's filter), so that the transform runs on vectors across i and stores contiguous
+// runs into each of U's planes at out + i (scalar, one filter at a time, it took half of layer4's
+// convolution). U keeps w's [co][ci] order, so w is read once in order and each plane written in
+// order (a transposed U made layer4's 512x512 filter a gather of strided reads: slower than the
+// whole convolution's multiply-adds); the GEMMs read a plane transposed (forward: B = U^T) or as
+// it is (backward-data: dy's channels are co).
+template <class T, class Transform>
+void winograd_filter_blocks(const T* w, index_t co, index_t ci, bool adjoint, T* u, int threads,
+                            const Transform& transform) {
+  constexpr index_t block = 64;
+  conv2d_parallel(co, threads, [&](index_t o) {
+    for (index_t i0 = 0; i0 < ci; i0 += block) {
+      const index_t bn = std::min(block, ci - i0);
+      alignas(64) T g[9][block];
+      for (index_t i = 0; i < bn; ++i) {
+        const T* f = w + (o * ci + i0 + i) * 9;
+        for (int t = 0; t < 9; ++t) g[adjoint ? 8 - t : t][i] = f[t];
+      }
+      transform(g, bn, u + o * ci + i0);
+    }
+  });
+}
+
 // U[xi][o][i] = (G g G^T)[xi], xi = 6 * row + column, for the 3x3 filter g = w[o][i] (forward) or
-// w[o][i] rotated by 180 degrees (adjoint: backward-data's filter), F(4x4, 3x3)'s
-// G = [[1/4, 0, 0], [-1/6, -1/6, -1/6], [-1/6, 1/6, -1/6], [1/24, 1/12, 1/6], [1/24, -1/12, 1/6],
-// [0, 0, 1]]. U keeps w's [co][ci] order, so w is read once in order and each of U's 36 planes
-// written in order (a transposed U made layer4's 512x512 filter a gather of strided reads:
-// slower than the whole convolution's multiply-adds); the GEMMs read a plane transposed (forward:
-// B = U^T) or as it is (backward-data: dy's channels are co).
+// w[o][i] rotated by 180 degrees (adjoint), F(4x4, 3x3)'s G = [[1/4, 0, 0], [-1/6, -1/6, -1/6],
+// [-1/6, 1/6, -1/6], [1/24, 1/12, 1/6], [1/24, -1/12, 1/6], [0, 0, 1]]; 36 planes.
 template <class T>
 void winograd_f4_filter(const T* w, index_t co, index_t ci, bool adjoint, T* u, int threads) {
   const index_t plane = winograd_plane_stride<T>(co * ci);
@@ -99,68 +120,41 @@ void winograd_f4_filter(const T* w, index_t co, index_t ci, bool adjoint, T* u, 
     r[4] = T(1.0 / 24) * a - T(1.0 / 12) * b + T(1.0 / 6) * c;
     r[5] = c;
   };
-  // Blocks of input channels, their 9 taps transposed to g[tap][i] first so that the transform
-  // runs on vectors across i and stores contiguous runs into each plane (scalar, one filter at a
-  // time, it took half of layer4's convolution).
-  constexpr index_t block = 64;
-  conv2d_parallel(co, threads, [&](index_t o) {
-    for (index_t i0 = 0; i0 < ci; i0 += block) {
-      const index_t bn = std::min(block, ci - i0);
-      alignas(64) T g[9][block];
-      for (index_t i = 0; i < bn; ++i) {
-        const T* f = w + (o * ci + i0 + i) * 9;
-        for (int t = 0; t < 9; ++t) g[adjoint ? 8 - t : t][i] = f[t];
-      }
-      T* out = u + o * ci + i0;
+  winograd_filter_blocks(w, co, ci, adjoint, u, threads, [&](const auto& g, index_t bn, T* out) {
 #pragma GCC ivdep
-      for (index_t i = 0; i < bn; ++i) {
-        T gg[3][6];  // (G g)^T: G applied down each of the filter's 3 columns
-        for (int c = 0; c < 3; ++c) g_rows(g[c][i], g[3 + c][i], g[6 + c][i], gg[c]);
-        for (int r = 0; r < 6; ++r) {  // (G g) G^T, row r
-          T row[6];
-          g_rows(gg[0][r], gg[1][r], gg[2][r], row);
-          for (int c = 0; c < 6; ++c) out[(r * 6 + c) * plane + i] = row[c];
-        }
+    for (index_t i = 0; i < bn; ++i) {
+      T gg[3][6];  // (G g)^T: G applied down each of the filter's 3 columns
+      for (int c = 0; c < 3; ++c) g_rows(g[c][i], g[3 + c][i], g[6 + c][i], gg[c]);
+      for (int r = 0; r < 6; ++r) {  // (G g) G^T, row r
+        T row[6];
+        g_rows(gg[0][r], gg[1][r], gg[2][r], row);
+        for (int c = 0; c < 6; ++c) out[(r * 6 + c) * plane + i] = row[c];
       }
     }
   });
 }
 
-// F(2x2, 3x3)'s U[xi][o][i] = (G g G^T)[xi], xi = 4 * row + column, for the 3x3 filter g = w[o][i] (forward) or w[o][i] rotated by
-// 180 degrees (adjoint: backward-data's filter), G = [[1, 0, 0], [1/2, 1/2, 1/2],
-// [1/2, -1/2, 1/2], [0, 0, 1]]; laid out as winograd_f4_filter's.
+// The same for F(2x2, 3x3): xi = 4 * row + column, G = [[1, 0, 0], [1/2, 1/2, 1/2],
+// [1/2, -1/2, 1/2], [0, 0, 1]]; 16 planes.
 template <class T>
 void winograd_f2_filter(const T* w, index_t co, index_t ci, bool adjoint, T* u, int threads) {
   const index_t plane = winograd_plane_stride<T>(co * ci);
-  // Blocks of input channels, their 9 taps transposed to g[tap][i] first so that the transform
-  // runs on vectors across i and stores contiguous runs into each plane (scalar, one filter at a
-  // time, it took half of layer4's convolution).
-  constexpr index_t block = 64;
-  conv2d_parallel(co, threads, [&](index_t o) {
-    for (index_t i0 = 0; i0 < ci; i0 += block) {
-      const index_t bn = std::min(block, ci - i0);
-      alignas(64) T g[9][block];
-      for (index_t i = 0; i < bn; ++i) {
-        const T* f = w + (o * ci + i0 + i) * 9;
-        for (int t = 0; t < 9; ++t) g[adjoint ? 8 - t : t][i] = f[t];
-      }
-      T* out = u + o * ci + i0;
+  winograd_filter_blocks(w, co, ci, adjoint, u, threads, [&](const auto& g, index_t bn, T* out) {
 #pragma GCC ivdep
-      for (index_t i = 0; i < bn; ++i) {
-        T gg[4][3];  // G g
-        for (int c = 0; c < 3; ++c) {
-          const T g0 = g[c][i], g1 = g[3 + c][i], g2 = g[6 + c][i];
-          gg[0][c] = g0;
-          gg[1][c] = T(0.5) * (g0 + g1 + g2);
-          gg[2][c] = T(0.5) * (g0 - g1 + g2);
-          gg[3][c] = g2;
-        }
-        for (int r = 0; r < 4; ++r) {  // (G g) G^T
-          out[(r * 4 + 0) * plane + i] = gg[r][0];
-          out[(r * 4 + 1) * plane + i] = T(0.5) * (gg[r][0] + gg[r][1] + gg[r][2]);
-          out[(r * 4 + 2) * plane + i] = T(0.5) * (gg[r][0] - gg[r][1] + gg[r][2]);
-          out[(r * 4 + 3) * plane + i] = gg[r][2];
-        }
+    for (index_t i = 0; i < bn; ++i) {
+      T gg[4][3];  // G g
+      for (int c = 0; c < 3; ++c) {
+        const T g0 = g[c][i], g1 = g[3 + c][i], g2 = g[6 + c][i];
+        gg[0][c] = g0;
+        gg[1][c] = T(0.5) * (g0 + g1 + g2);
+        gg[2][c] = T(0.5) * (g0 - g1 + g2);
+        gg[3][c] = g2;
+      }
+      for (int r = 0; r < 4; ++r) {  // (G g) G^T
+        out[(r * 4 + 0) * plane + i] = gg[r][0];
+        out[(r * 4 + 1) * plane + i] = T(0.5) * (gg[r][0] + gg[r][1] + gg[r][2]);
+        out[(r * 4 + 2) * plane + i] = T(0.5) * (gg[r][0] - gg[r][1] + gg[r][2]);
+        out[(r * 4 + 3) * plane + i] = gg[r][2];
       }
     }
   });
