@@ -275,13 +275,37 @@ struct WinogradEmit {
   void operator()(index_t pixel, const T* values) const { fn(ctx, pixel, values); }
 };
 
+// Runs transform(in, y) for tiles t0 .. t0 + tc - 1 of a chunk — in: the tile's M values at
+// m + t * co (one plane per position), y: a per-thread buffer of its m x m pixels' [co] values —
+// then hands the tile's pixels inside the image to emit(pixel, values [co]) with
+// pixel = (img * oh + oh_i) * ow + ow_j.
+template <class T, class Transform>
+void winograd_output_tiles(const WinogradGeometry& g, const T* m, index_t t0, index_t tc, int threads,
+                           const WinogradEmit<T>& emit, const Transform& transform) {
+  const index_t co = g.co, side = g.m, pixels = side * side, oh_n = g.out_h(), ow_n = g.out_w();
+  T* buf = conv2d_scratch<T, winograd_slot_tile>(std::size_t(pixels * co * std::max(threads, 1)));
+  conv2d_parallel(tc, threads, [&](index_t t) {
+    const auto [img, th, tw] = g.tile(t0 + t);
+#if defined(_OPENMP)
+    T* y = buf + pixels * co * (threads > 1 ? omp_get_thread_num() : 0);
+#else
+    T* y = buf;
+#endif
+    transform(m + t * co, y);
+    for (index_t i = 0; i < side; ++i)
+      for (index_t j = 0; j < side; ++j) {
+        const index_t oh = side * th + i, ow = side * tw + j;
+        if (oh < oh_n && ow < ow_n) emit((img * oh_n + oh) * ow_n + ow, y + (i * side + j) * co);
+      }
+  });
+}
+
 // Output tile t0 + t = A^T M A, F(4x4, 3x3)'s A^T = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0],
-// [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], handed per output pixel inside the image to
-// emit(pixel, values [co]) with pixel = (img * oh + oh_i) * ow + ow_j.
+// [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], each pixel handed to emit (winograd_output_tiles).
 template <class T>
 void winograd_f4_output(const WinogradGeometry& g, const T* m, index_t t0, index_t tc, index_t plane,
                         int threads, const WinogradEmit<T>& emit) {
-  const index_t co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
+  const index_t co = g.co;
   // A^T applied to (m0 .. m5), one column or row of the tile.
   auto at = [](T m0, T m1, T m2, T m3, T m4, T m5, T* r) {
     const T p12 = m1 + m2, n12 = m1 - m2, p34 = m3 + m4, n34 = m3 - m4;
@@ -290,15 +314,7 @@ void winograd_f4_output(const WinogradGeometry& g, const T* m, index_t t0, index
     r[2] = p12 + T(4) * p34;
     r[3] = n12 + T(8) * n34 + m5;
   };
-  T* buf = conv2d_scratch<T, winograd_slot_tile>(std::size_t(16 * co * std::max(threads, 1)));
-  conv2d_parallel(tc, threads, [&](index_t t) {
-    const auto [img, th, tw] = g.tile(t0 + t);
-#if defined(_OPENMP)
-    T* y = buf + 16 * co * (threads > 1 ? omp_get_thread_num() : 0);
-#else
-    T* y = buf;
-#endif
-    const T* in = m + t * co;
+  winograd_output_tiles(g, m, t0, tc, threads, emit, [&](const T* in, T* y) {
 #pragma GCC ivdep
     for (index_t k = 0; k < co; ++k) {
       T r[6][4];  // (A^T M)^T: A^T down each column
@@ -311,29 +327,15 @@ void winograd_f4_output(const WinogradGeometry& g, const T* m, index_t t0, index
         for (int j = 0; j < 4; ++j) y[(i * 4 + j) * co + k] = row[j];
       }
     }
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 4; ++j) {
-        const index_t oh = 4 * th + i, ow = 4 * tw + j;
-        if (oh < oh_n && ow < ow_n) emit((img * oh_n + oh) * ow_n + ow, y + (i * 4 + j) * co);
-      }
   });
 }
 
-// Output tile t0 + t = A^T M A, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]], handed per output pixel
-// inside the image to emit(pixel, values [co]) with pixel = (img * oh + oh_i) * ow + ow_j.
+// The same for F(2x2, 3x3): A^T = [[1, 1, 1, 0], [0, 1, -1, -1]].
 template <class T>
 void winograd_f2_output(const WinogradGeometry& g, const T* m, index_t t0, index_t tc, index_t plane,
                         int threads, const WinogradEmit<T>& emit) {
-  const index_t co = g.co, oh_n = g.out_h(), ow_n = g.out_w();
-  T* buf = conv2d_scratch<T, winograd_slot_tile>(std::size_t(4 * co * std::max(threads, 1)));
-  conv2d_parallel(tc, threads, [&](index_t t) {
-    const auto [img, th, tw] = g.tile(t0 + t);
-#if defined(_OPENMP)
-    T* y = buf + 4 * co * (threads > 1 ? omp_get_thread_num() : 0);
-#else
-    T* y = buf;
-#endif
-    const T* in = m + t * co;
+  const index_t co = g.co;
+  winograd_output_tiles(g, m, t0, tc, threads, emit, [&](const T* in, T* y) {
 #pragma GCC ivdep
     for (index_t k = 0; k < co; ++k) {
       T r[2][4];  // A^T M
@@ -348,11 +350,6 @@ void winograd_f2_output(const WinogradGeometry& g, const T* m, index_t t0, index
         y[(i * 2 + 1) * co + k] = r[i][1] - r[i][2] - r[i][3];
       }
     }
-    for (int i = 0; i < 2; ++i)
-      for (int j = 0; j < 2; ++j) {
-        const index_t oh = 2 * th + i, ow = 2 * tw + j;
-        if (oh < oh_n && ow < ow_n) emit((img * oh_n + oh) * ow_n + ow, y + (i * 2 + j) * co);
-      }
   });
 }
 
