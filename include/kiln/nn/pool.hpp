@@ -168,7 +168,8 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
     } else {
       const T* G = od.grad.data();
       Tensor<T, host, dyn> remade;  // x made again when it was freed after forward (autograd/remake.hpp)
-      const T* X = Max ? ag::value_or_remade(*xd, remade, exec.threads()) : nullptr;
+      const T* X = nullptr;  // (this branch is compiled for a device's space too, and never run there)
+      if constexpr (Max && std::is_same_v<S, host>) X = ag::value_or_remade(*xd, remade, exec.threads());
       put_input_grad(*xd, [&](T* dx) { backward_kernel(X, G, dx); });
     }
   });
