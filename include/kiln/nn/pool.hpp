@@ -127,7 +127,7 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
       xd->grad_valid = true;
     });
     return out;
-  }
+  } else {  // the host (an else, so none of this is compiled for a device's space)
   // The CPU kernels, on float or double (a half-precision input runs them on widened values,
   // nn/half_io.hpp: max pooling picks the same element, average pooling sums in float).
   auto forward_kernel = [&](const auto* X, auto* Y) {
@@ -148,8 +148,8 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
   if (!record) return out;
   out.set_requires_grad(true);
   // Max pooling's backward finds each window's maximum again in x (held for backward in any case)
-  // rather than keeping an int64 argmax per output: ResNet-50's stem pool saved 1.6 MB per image
-  // that way, as the device path (which recomputes too) never did.
+  // rather than keeping an int64 argmax per output (1.6 MB per image at ResNet-50's stem), as
+  // the device path does.
   tape.record(out, {x.data()}, [xd = x.data(), s, bytes, y_size](Exec& exec, auto& od) {
     if (!od.grad_valid || !xd->requires_grad) return;
     exec.stats().count(kind::other, std::string(Layer::name) + "_backward", xd->value.size(), bytes);
@@ -168,12 +168,12 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
     } else {
       const T* G = od.grad.data();
       Tensor<T, host, dyn> remade;  // x made again when it was freed after forward (autograd/remake.hpp)
-      const T* X = nullptr;  // (this branch is compiled for a device's space too, and never run there)
-      if constexpr (Max && std::is_same_v<S, host>) X = ag::value_or_remade(*xd, remade, exec.threads());
+      const T* X = Max ? ag::value_or_remade(*xd, remade, exec.threads()) : nullptr;
       put_input_grad(*xd, [&](T* dx) { backward_kernel(X, G, dx); });
     }
   });
   return out;
+  }
 }
 
 }  // namespace detail
