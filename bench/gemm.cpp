@@ -5,9 +5,12 @@
 // dX = dY W (B x in, k = out) and dW += dY^T X (out x in, k = B, beta = 1 as gradients add up).
 // Each line on stdout is one JSON measurement; the samples of all implementations alternate so
 // that load from other processes hits them alike. Implementations: own and cblas (fp32), bf16
-// (kiln's own GEMM on bf16 inputs, with the kernel current_gemm_bf16_path() picks: vdpbf16ps where
-// compiled in) and, when that is the native kernel, bf16_emulate (the exact float emulation) for
-// comparison. bf16 lines carry "vs_fp32": their GF/s over own fp32's on the same shape and run.
+// (kiln's own GEMM on bf16 inputs, with the kernel current_gemm_bf16_path() picks: AMX tiles where
+// usable, else vdpbf16ps where compiled in), bf16_native (vdpbf16ps, when AMX is the default) and
+// bf16_emulate (the exact float emulation, when a native kernel is the default) for comparison.
+// bf16 lines carry "vs_fp32": their GF/s over own fp32's on the same shape and run. After the MLP's
+// shapes, four of ResNet-50's at batch 8 (layer1's 1x1 convolutions forward, a 3x3 layer2
+// convolution as im2col + GEMM forward and its weight gradient).
 // A summary table goes to stderr.
 //
 // usage: gemm [seconds per measurement, default 0.3]
@@ -34,18 +37,19 @@ struct shape {
   float beta;
 };
 
-enum class impl { own, cblas, bf16, bf16_emulate };
+enum class impl { own, cblas, bf16, bf16_native, bf16_emulate };
 
 const char* impl_name(impl i) {
   switch (i) {
     case impl::own: return "own";
     case impl::cblas: return "cblas";
     case impl::bf16: return "bf16";
+    case impl::bf16_native: return "bf16_native";
     case impl::bf16_emulate: return "bf16_emulate";
   }
   return "?";
 }
-bool is_bf16(impl i) { return i == impl::bf16 || i == impl::bf16_emulate; }
+bool is_bf16(impl i) { return i == impl::bf16 || i == impl::bf16_native || i == impl::bf16_emulate; }
 
 struct operands {
   std::vector<float> a, b, c;
@@ -70,8 +74,9 @@ void call(impl which, const shape& s, operands& o) {
     kiln::cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.a.data(), lda, o.b.data(), ldb, s.beta,
                     o.c.data(), s.n, 1);
   } else {
-    const auto path = which == impl::bf16_emulate ? kiln::cpu::gemm_bf16_path::emulate
-                                                  : kiln::cpu::current_gemm_bf16_path();
+    const auto path = which == impl::bf16_emulate  ? kiln::cpu::gemm_bf16_path::emulate
+                      : which == impl::bf16_native ? kiln::cpu::gemm_bf16_path::native
+                                                   : kiln::cpu::current_gemm_bf16_path();
     const auto before = kiln::cpu::current_gemm_bf16_path();
     kiln::cpu::set_gemm_bf16_path(path);
     kiln::cpu::gemm_own(s.ta, s.tb, s.m, s.n, s.k, 1.0f, o.ah.data(), lda, o.bh.data(), ldb,
@@ -99,14 +104,17 @@ const char* own_kernel() {
   return name;
 }
 
-// The kernel bf16 inputs run on: "avx512bf16 12x32" (vdpbf16ps) or "emulate <fp32 kernel>".
-const char* bf16_kernel(bool emulate) {
+// The kernel bf16 inputs run on: "amx 32x32", "avx512bf16 12x32" (vdpbf16ps) or "emulate <fp32
+// kernel>".
+const char* bf16_kernel(kiln::cpu::gemm_bf16_path path) {
   static char name[48];
-#if KILN_GEMM_BF16_NATIVE
-  if (!emulate) return kiln::cpu::detail::gemm_kernel_bf16::name;
-#else
-  (void)emulate;
+#if KILN_GEMM_BF16_AMX
+  if (path == kiln::cpu::gemm_bf16_path::amx) return kiln::cpu::detail::gemm_kernel_amx::name;
 #endif
+#if KILN_GEMM_BF16_NATIVE
+  if (path == kiln::cpu::gemm_bf16_path::native) return kiln::cpu::detail::gemm_kernel_bf16::name;
+#endif
+  (void)path;
   std::snprintf(name, sizeof name, "emulate %s", own_kernel());
   return name;
 }
@@ -115,9 +123,9 @@ const char* kernel_of(impl i) {
   switch (i) {
     case impl::own: return own_kernel();
     case impl::cblas: return "cblas";
-    case impl::bf16:
-      return bf16_kernel(kiln::cpu::current_gemm_bf16_path() == kiln::cpu::gemm_bf16_path::emulate);
-    case impl::bf16_emulate: return bf16_kernel(true);
+    case impl::bf16: return bf16_kernel(kiln::cpu::current_gemm_bf16_path());
+    case impl::bf16_native: return bf16_kernel(kiln::cpu::gemm_bf16_path::native);
+    case impl::bf16_emulate: return bf16_kernel(kiln::cpu::gemm_bf16_path::emulate);
   }
   return "?";
 }
@@ -132,7 +140,8 @@ int main(int argc, char** argv) {
   impls.push_back(impl::cblas);
 #endif
   impls.push_back(impl::bf16);
-  if (kiln::cpu::current_gemm_bf16_path() == kiln::cpu::gemm_bf16_path::native)
+  if (kiln::cpu::current_gemm_bf16_path() == kiln::cpu::gemm_bf16_path::amx) impls.push_back(impl::bf16_native);
+  if (kiln::cpu::current_gemm_bf16_path() != kiln::cpu::gemm_bf16_path::emulate)
     impls.push_back(impl::bf16_emulate);
   std::vector<shape> shapes;
   const index_t layers[][2] = {{400, 256}, {256, 128}, {128, 10}};
@@ -144,6 +153,11 @@ int main(int argc, char** argv) {
       shapes.push_back({"dw", out, in, batch, trans::yes, trans::no, 1.0f});
     }
   }
+  const index_t pixels56 = 8 * 56 * 56, pixels28 = 8 * 28 * 28;  // NHWC rows at batch 8
+  shapes.push_back({"c1x1", pixels56, 256, 64, trans::no, trans::yes, 0.0f});
+  shapes.push_back({"c1x1", pixels56, 64, 256, trans::no, trans::yes, 0.0f});
+  shapes.push_back({"c3x3", pixels28, 128, 128 * 9, trans::no, trans::yes, 0.0f});
+  shapes.push_back({"c3dw", 128, 128 * 9, pixels28, trans::yes, trans::no, 1.0f});
 
   std::fprintf(stderr, "own microkernel: %s (float), bf16: %s\n", own_kernel(),
                kernel_of(impl::bf16));

@@ -225,7 +225,9 @@ class bf16_path_scope {
 };
 
 const char* path_name(kiln::cpu::gemm_bf16_path p) {
-  return p == kiln::cpu::gemm_bf16_path::native ? "bf16 native" : "bf16 emulate";
+  return p == kiln::cpu::gemm_bf16_path::native ? "bf16 native"
+         : p == kiln::cpu::gemm_bf16_path::amx  ? "bf16 amx"
+                                                 : "bf16 emulate";
 }
 
 // Every m, n, k in `sizes` (1..70: single values, both sides of the 12 x 32 tile and of odd k),
@@ -284,6 +286,15 @@ TEST_CASE("gemm_own bf16 on vdpbf16ps: edge sizes, transposes, alpha/beta, paddi
   bf16_sweep(kiln::cpu::gemm_bf16_path::native);
 }
 
+TEST_CASE("gemm_own bf16 on AMX tiles: edge sizes, transposes, alpha/beta, padding, big blocks") {
+  if (!kiln::cpu::gemm_have_bf16_amx()) {
+    MESSAGE("skipped: no AMX kernel here (the target lacks AMX-TILE / AMX-BF16, or Linux refused "
+            "the tile state); bf16 runs on vdpbf16ps or the emulation, tested beside");
+    return;
+  }
+  bf16_sweep(kiln::cpu::gemm_bf16_path::amx);
+}
+
 TEST_CASE("gemm_own bf16 on the exact emulation: the same sizes") {
   bf16_sweep(kiln::cpu::gemm_bf16_path::emulate);
 }
@@ -295,13 +306,19 @@ TEST_CASE("gemm_own bf16: the thread count changes nothing, bit for bit, on both
     return;
   }
   bf16_threads(kiln::cpu::gemm_bf16_path::native);
+  if (!kiln::cpu::gemm_have_bf16_amx()) {
+    MESSAGE("amx part skipped: no AMX kernel here");
+    return;
+  }
+  bf16_threads(kiln::cpu::gemm_bf16_path::amx);
 }
 
 TEST_CASE("gemm_bf16_path: native only where compiled in; native flushes denormals, emulate not") {
   using kiln::cpu::gemm_bf16_path;
   const auto before = kiln::cpu::current_gemm_bf16_path();
-  CHECK(before == (kiln::cpu::gemm_have_bf16_native ? gemm_bf16_path::native
-                                                    : gemm_bf16_path::emulate));
+  CHECK(before == (kiln::cpu::gemm_have_bf16_amx()      ? gemm_bf16_path::amx
+                   : kiln::cpu::gemm_have_bf16_native ? gemm_bf16_path::native
+                                                      : gemm_bf16_path::emulate));
   // 2^-130 is a bf16 (and float) denormal: the emulation keeps it, vdpbf16ps reads it as zero.
   const kiln::bf16 a[2] = {kiln::bf16(0x1p-130f), kiln::bf16(0.0f)};
   const kiln::bf16 b[2] = {kiln::bf16(1.0f), kiln::bf16(1.0f)};
@@ -317,6 +334,14 @@ TEST_CASE("gemm_bf16_path: native only where compiled in; native flushes denorma
   } else {
     const bf16_path_scope scope(gemm_bf16_path::native);
     CHECK(kiln::cpu::current_gemm_bf16_path() == gemm_bf16_path::native);
+    kiln::cpu::gemm_own(trans::no, trans::no, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, &c, 1);
+    CHECK(c == 0.0f);
+  }
+  if (!kiln::cpu::gemm_have_bf16_amx()) {
+    CHECK_THROWS_AS(kiln::cpu::set_gemm_bf16_path(gemm_bf16_path::amx), kiln::ValueError);
+  } else {  // tdpbf16ps reads denormal inputs as zero too
+    const bf16_path_scope scope(gemm_bf16_path::amx);
+    c = std::numeric_limits<float>::quiet_NaN();
     kiln::cpu::gemm_own(trans::no, trans::no, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, &c, 1);
     CHECK(c == 0.0f);
   }

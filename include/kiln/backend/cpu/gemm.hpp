@@ -4,8 +4,9 @@
 // matrix with leading dimension ld sits at [i * ld + j]. beta == 0 never reads C (NaN garbage in
 // C is overwritten); alpha == 0 or k == 0 reads neither A nor B. float and double multiply in
 // their own type; kiln::f16 and kiln::bf16 inputs are summed and written in float. bf16 runs on
-// AVX512-BF16's vdpbf16ps where the target has it (gemm_bf16_path::native, the default there),
-// otherwise as an exact emulation in float; the two differ in the last bits of sums and in
+// AMX tiles where the target has them and Linux grants them (gemm_bf16_path::amx, the default
+// there), else on AVX512-BF16's vdpbf16ps where the target has it (gemm_bf16_path::native),
+// otherwise as an exact emulation in float; they differ in the last bits of sums and in
 // denormals (see detail/gemm_kernel_bf16.hpp), not in the error bound.
 //
 //   kiln::cpu::gemm(trans::no, trans::yes, batch, 256, 400, 1.0f, x, 400, w, 400, 0.0f, y, 256);
@@ -31,6 +32,7 @@
 #include "kiln/backend/cpu/detail/gemm_args.hpp"
 #include "kiln/backend/cpu/detail/gemm_cblas.hpp"
 #include "kiln/backend/cpu/detail/gemm_driver.hpp"
+#include "kiln/backend/cpu/detail/gemm_kernel_amx.hpp"
 #include "kiln/backend/cpu/detail/gemm_kernel_bf16.hpp"
 #pragma pop_macro("KILN_INTERNAL_INCLUDE")
 
@@ -73,28 +75,45 @@ inline gemm_backend current_gemm_backend() noexcept {
 // How kiln's own kernel multiplies kiln::bf16 inputs:
 //   native   AVX512-BF16 vdpbf16ps on bf16 pairs, fp32 accumulators (gemm_have_bf16_native);
 //   emulate  converted to float while packing, fp32 FMA kernel: every product exact, sums in
-//            float with IEEE denormals.
-enum class gemm_bf16_path { native, emulate };
+//            float with IEEE denormals;
+//   amx      AMX tdpbf16ps on 16 x 16 tiles (gemm_have_bf16_amx()), vdpbf16ps's numerics.
+enum class gemm_bf16_path { native, emulate, amx };
 
 // True when the vdpbf16ps kernel is compiled in: the target has AVX512-BF16 (e.g. -march=native
 // on Zen 4/5, Cooper Lake, Sapphire Rapids) and KILN_GEMM_BF16_EMULATE is not defined.
 inline constexpr bool gemm_have_bf16_native = KILN_GEMM_BF16_NATIVE != 0;
 
+// True when the AMX kernel is compiled in (the target has AMX-TILE and AMX-BF16, e.g.
+// -march=native on Sapphire Rapids) and Linux lets this process use the tiles.
+inline bool gemm_have_bf16_amx() {
+#if KILN_GEMM_BF16_AMX
+  return detail::amx_tiles_usable();
+#else
+  return false;
+#endif
+}
+
 namespace detail {
 inline std::atomic<gemm_bf16_path>& gemm_bf16_setting() {
-  static std::atomic<gemm_bf16_path> setting{gemm_have_bf16_native ? gemm_bf16_path::native
-                                                                   : gemm_bf16_path::emulate};
+  static std::atomic<gemm_bf16_path> setting{gemm_have_bf16_amx()      ? gemm_bf16_path::amx
+                                             : gemm_have_bf16_native ? gemm_bf16_path::native
+                                                                     : gemm_bf16_path::emulate};
   return setting;
 }
 }  // namespace detail
 
-// Process-wide choice for bf16 products (both gemm and gemm_own); native by default where it is
-// compiled in. Throws ValueError for native in a build without it.
+// Process-wide choice for bf16 products (both gemm and gemm_own): amx by default where it is
+// usable, else native where it is compiled in. Throws ValueError for a kernel this build or
+// process lacks.
 inline void set_gemm_bf16_path(gemm_bf16_path p) {
   KILN_CHECK(p != gemm_bf16_path::native || gemm_have_bf16_native, ValueError,
              "kiln::cpu::set_gemm_bf16_path(native): this build has no vdpbf16ps kernel (the "
              "target lacks AVX512-BF16, or KILN_GEMM_BF16_EMULATE is defined); use "
              "gemm_bf16_path::emulate");
+  KILN_CHECK(p != gemm_bf16_path::amx || gemm_have_bf16_amx(), ValueError,
+             "kiln::cpu::set_gemm_bf16_path(amx): no AMX kernel here (the target lacks AMX-TILE / "
+             "AMX-BF16, KILN_GEMM_BF16_EMULATE is defined, or Linux refused the tile state); use "
+             "gemm_bf16_path::native or emulate");
   detail::gemm_bf16_setting().store(p, std::memory_order_relaxed);
 }
 inline gemm_bf16_path current_gemm_bf16_path() noexcept {
@@ -128,6 +147,14 @@ void gemm_dispatch(const char* fn, bool use_cblas, trans ta, trans tb, index_t m
   // + j].
   const gemm_problem<T, gemm_acc_t<T>> g{m, n, k, alpha, beta, a, at ? 1 : lda, at ? lda : 1,
                                          b, bt ? 1 : ldb, bt ? ldb : 1, c, ldc, 1};
+#if KILN_GEMM_BF16_AMX
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (current_gemm_bf16_path() == gemm_bf16_path::amx) {
+      gemm_blocked<gemm_kernel_amx>(g, threads, tuning);
+      return;
+    }
+  }
+#endif
 #if KILN_GEMM_BF16_NATIVE
   if constexpr (std::is_same_v<T, bf16>) {
     if (current_gemm_bf16_path() == gemm_bf16_path::native) {
@@ -182,6 +209,13 @@ struct gemm_shape_facts {
 };
 template <class T>
 gemm_shape_facts<T> gemm_facts(index_t m, index_t n) {
+#if KILN_GEMM_BF16_AMX
+  if constexpr (std::is_same_v<T, bf16>)
+    if (current_gemm_bf16_path() == gemm_bf16_path::amx) {
+      using K = detail::gemm_kernel_amx;
+      return {K::kc, K::kstep, K::mr, K::nr, detail::prefer_transposed<K>(m, n)};
+    }
+#endif
 #if KILN_GEMM_BF16_NATIVE
   if constexpr (std::is_same_v<T, bf16>)
     if (current_gemm_bf16_path() == gemm_bf16_path::native) {
@@ -197,6 +231,11 @@ gemm_shape_facts<T> gemm_facts(index_t m, index_t n) {
 // (one grow-only buffer per calling thread; the memory planner counts the largest).
 template <class T>
 std::size_t gemm_workspace_bytes(index_t m, index_t n, index_t k, int threads = 1) {
+#if KILN_GEMM_BF16_AMX
+  if constexpr (std::is_same_v<T, bf16>)
+    if (current_gemm_bf16_path() == gemm_bf16_path::amx)
+      return detail::gemm_workspace_bytes<detail::gemm_kernel_amx>(m, n, k, threads);
+#endif
 #if KILN_GEMM_BF16_NATIVE
   if constexpr (std::is_same_v<T, bf16>)
     if (current_gemm_bf16_path() == gemm_bf16_path::native)

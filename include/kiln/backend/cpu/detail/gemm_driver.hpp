@@ -133,7 +133,7 @@ gemm_problem<T, Acc> transposed(const gemm_problem<T, Acc>& g) {
 //   mr, nr; kc, mc, nc       register tile and block extents (see gemm_blocking)
 //   kstep                    k blocks other than the last are multiples of it
 //   packed_k(k)              packed elements per panel row for k values of k
-//   pack<R>(rows, k, src, rs, cs, dst)             gemm_pack.hpp's contract
+//   pack_a / pack_b(rows, k, src, rs, cs, dst)     gemm_pack.hpp's contract, panels of mr / nr
 //   tile(k, ap, bp, c, rs_c, cs_c, alpha, beta, mr, nr)  microkernel's contract
 // gemm_kernel_fp: inputs converted to Acc while packing, multiplied in Acc (f16 and bf16 inputs
 // this way are the exact emulation: their products are exact in float). The bf16 kernel is
@@ -145,9 +145,11 @@ struct gemm_kernel_fp {
   static constexpr int mr = blk::mr, nr = blk::nr;
   static constexpr index_t kc = blk::kc, mc = blk::mc, nc = blk::nc, kstep = 1;
   static constexpr index_t packed_k(index_t k) { return k; }
-  template <int R>
-  static void pack(index_t rows, index_t k, const T* src, index_t rs, index_t cs, Acc* dst) {
-    pack_panels<R>(rows, k, src, rs, cs, dst);
+  static void pack_a(index_t rows, index_t k, const T* src, index_t rs, index_t cs, Acc* dst) {
+    pack_panels<mr>(rows, k, src, rs, cs, dst);
+  }
+  static void pack_b(index_t rows, index_t k, const T* src, index_t rs, index_t cs, Acc* dst) {
+    pack_panels<nr>(rows, k, src, rs, cs, dst);
   }
   static void tile(index_t k, const Acc* ap, const Acc* bp, Acc* c, index_t rs_c, index_t cs_c,
                    Acc alpha, Acc beta, int m_live, int n_live) {
@@ -259,7 +261,7 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
       const item_range mine = split_range(npanels, team, tid);
       if (mine.begin < mine.end) {
         const index_t col0 = mine.begin * NR;
-        K::template pack<NR>(std::min(nc, mine.end * NR) - col0, kc,
+        K::pack_b(std::min(nc, mine.end * NR) - col0, kc,
                              g.b + pc * g.b_ks + (jc + col0) * g.b_js, g.b_js, g.b_ks,
                              bbuf + col0 * kw);
       }
@@ -274,7 +276,7 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
         const index_t ic = ib * plan.mc;
         const index_t mc = std::min(plan.mc, g.m - ic);
         if (a_src) a_src->pack(a_src->ctx, ic, mc, pc, kc, abuf);
-        else K::template pack<MR>(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
+        else K::pack_a(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
         const item_range cols = split_range(npanels, plan.nsplit, t % plan.nsplit);
         for (index_t jp = cols.begin; jp < cols.end; ++jp) {
           const int nr = static_cast<int>(std::min<index_t>(NR, nc - jp * NR));

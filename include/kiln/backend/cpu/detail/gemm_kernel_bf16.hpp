@@ -104,10 +104,11 @@ struct gemm_kernel_bf16 {
   static constexpr index_t kc = 512, mc = 240, nc = 4096;
   static constexpr index_t kstep = 2;  // k blocks but the last are even: no padding inside k
   static constexpr index_t packed_k(index_t k) { return bf16_pairs(k); }
-  template <int R>
-  static void pack(index_t rows, index_t k, const bf16* src, index_t rs, index_t cs,
-                   packed* dst) {
-    pack_panels_bf16<R>(rows, k, src, rs, cs, dst);
+  static void pack_a(index_t rows, index_t k, const bf16* src, index_t rs, index_t cs, packed* dst) {
+    pack_panels_bf16<mr>(rows, k, src, rs, cs, dst);
+  }
+  static void pack_b(index_t rows, index_t k, const bf16* src, index_t rs, index_t cs, packed* dst) {
+    pack_panels_bf16<nr>(rows, k, src, rs, cs, dst);
   }
   static void tile(index_t k, const packed* ap, const packed* bp, float* c, index_t rs_c,
                    index_t cs_c, float alpha, float beta, int m_live, int n_live) {
