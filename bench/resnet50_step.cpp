@@ -6,6 +6,10 @@
 // compile-time budget's ResNet-50 row (bench/compile_time, README "Compile time"): a deep
 // convnet's program must build in seconds.
 //
+// bench_resnet50_step_bf16 is the same program under the bf16_mixed policy (built with
+// KILN_BENCH_BF16_MIXED: one policy per program keeps this one within its compile budget), its
+// peer under torch.autocast(bfloat16); lines carry "precision".
+//
 // --train-from conv1 trains everything; layer4 fine-tunes (conv1, bn1 and layer1-3 frozen with
 // nn::freeze: no gradients below layer4, their batch norms on running statistics; AdamW over the
 // rest), as examples/finetune_resnet and the peer do.
@@ -49,6 +53,13 @@ namespace {
 
 using kiln::index_t;
 
+#if defined(KILN_BENCH_BF16_MIXED)
+using Policy = kiln::policy<kiln::precision::bf16_mixed>;
+#else
+using Policy = kiln::policy<>;
+#endif
+const char* const precision = Policy::precision::name;
+
 constexpr index_t Size = 224;
 using Model = kiln::models::ResNet50<10, Size>::with_layout<kiln::nn::layout::nhwc>;
 
@@ -74,7 +85,7 @@ void run(index_t batch, int threads, int steps, const std::string& train_from, c
     kiln::nn::freeze(model.layer<7>());  // layer3
   }
   kiln::optim::AdamW opt(model, {.lr = 1e-3});
-  kiln::train::Step step(model, opt, exec);
+  kiln::train::Step step(model, opt, exec, Policy{});
   const index_t dim = Model::in_features;
   std::vector<float> x(static_cast<std::size_t>(batch * dim));
   std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
@@ -96,10 +107,10 @@ void run(index_t batch, int threads, int steps, const std::string& train_from, c
   const auto rep = kiln::train::report(step);
   const double median = kiln_bench::median(ms);
   std::printf("{\"bench\":\"resnet50_step\",\"model\":\"resnet50\",\"layout\":\"nhwc\",\"size\":%lld,\"batch\":%lld,\"threads\":%d,"
-              "\"train_from\":\"%s\",\"step_ms\":%.2f,\"images_per_s\":%.2f,\"kernels_per_step\":%.0f,"
+              "\"precision\":\"%s\",\"train_from\":\"%s\",\"step_ms\":%.2f,\"images_per_s\":%.2f,\"kernels_per_step\":%.0f,"
               "\"predicted\":%lld,\"peak_rss_mib\":%.1f,\"peak_tensors_mib\":%.1f,\"cache_kept_mib\":%.1f,"
               "\"cache_misses_per_step\":%.1f}\n",
-              (long long)Size, (long long)batch, threads, train_from.c_str(), median, double(batch) / (median / 1e3),
+              (long long)Size, (long long)batch, threads, precision, train_from.c_str(), median, double(batch) / (median / 1e3),
               rep.kernels_per_step, (long long)rep.predicted, peak_rss_mib(),
               double(kiln::host_cache_stats().peak_in_use_bytes) / (1 << 20),
               double(kiln::host_cache_stats().kept_bytes) / (1 << 20), misses_per_step);
@@ -151,7 +162,8 @@ int main(int argc, char** argv) {
   std::vector<Peer> peers;
   if (python != "none") {
     const std::string args = "--batch " + std::to_string(batch) + " --threads " + std::to_string(threads) +
-                             " --steps " + std::to_string(steps) + " --train-from " + train_from;
+                             " --steps " + std::to_string(steps) + " --train-from " + train_from +
+                             " --precision " + precision;
     const auto lines = kiln_bench::peer_lines(python, "torch_resnet_step.py", args);
     if (lines.empty())
       std::printf("{\"bench\":\"resnet50_step\",\"peer\":\"torch\",\"skipped\":\"%s printed nothing\"}\n",

@@ -5,7 +5,10 @@ seed), cross-entropy (mean), backward, AdamW (lr 1e-3, torch's default implement
 zero_grad(set_to_none=True). Full training (--train-from conv1) or fine-tuning (--train-from
 layer4: conv1, bn1 and layer1-3 frozen — requires_grad False, their BatchNorm2d layers in eval mode,
 set again after every model.train() — and AdamW over the trainable parameters only, as
-bench/torch_finetune_resnet.py and kiln's freeze do).
+bench/torch_finetune_resnet.py and kiln's freeze do). --precision bf16_mixed runs forward and
+loss under torch.autocast("cpu", dtype=torch.bfloat16) (float parameters and optimizer, bf16
+convolutions and matmuls: oneDNN's AVX512-BF16 / AMX kernels where the CPU has them), the peer
+of kiln's bf16_mixed policy.
 
 Each configuration — variant (eager: plain; compiled: torch.compile of forward + loss, and of
 opt.step, dynamic=False, compiled in the warm-up) x memory format (contiguous; channels_last: the
@@ -15,10 +18,11 @@ whatever torch keeps. One warm-up step (two for compiled), then --steps timed st
 
   .venv-bench/bin/python bench/torch_resnet_step.py [--batch 8] [--threads 1] [--steps 3]
       [--train-from conv1|layer4] [--variants eager,compiled] [--formats contiguous,channels_last]
+      [--precision fp32|bf16_mixed]
 
 Output, JSON lines: {"bench": "resnet50_step", "backend": "torch_cpu", "peer": "torch_<variant>" or
 "torch_<variant>_channels_last", "variant", "memory_format", "batch", "threads", "train_from",
-"step_ms", "images_per_s", "peak_rss_mib", "steps", "torch"}; a configuration that fails prints
+"precision", "step_ms", "images_per_s", "peak_rss_mib", "steps", "torch"}; a configuration that fails prints
 a "skipped" line with the reason. Without torch or torchvision: one "skipped" line, exit 0."""
 import argparse
 import json
@@ -35,6 +39,7 @@ ap.add_argument("--steps", type=int, default=3)
 ap.add_argument("--train-from", default="conv1", choices=("conv1", "layer4"))
 ap.add_argument("--variants", default="eager,compiled")
 ap.add_argument("--formats", default="contiguous,channels_last")
+ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16_mixed"))
 ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # variant:format, run in this process
 args = ap.parse_args()
 
@@ -42,7 +47,8 @@ if not args.one:  # the parent: one child process per configuration
     for variant in args.variants.split(","):
         for fmt in args.formats.split(","):
             cmd = [sys.executable, __file__, "--one", f"{variant}:{fmt}", "--batch", str(args.batch), "--threads",
-                   str(args.threads), "--steps", str(args.steps), "--train-from", args.train_from]
+                   str(args.threads), "--steps", str(args.steps), "--train-from", args.train_from,
+                   "--precision", args.precision]
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False).stdout
             sys.stdout.write(out)
             sys.stdout.flush()
@@ -53,7 +59,7 @@ if not args.one:  # the parent: one child process per configuration
 variant, fmt = args.one.split(":")
 peer = "torch_" + variant + ("_channels_last" if fmt == "channels_last" else "")
 head = {"bench": "resnet50_step", "backend": "torch_cpu", "peer": peer, "variant": variant, "memory_format": fmt,
-        "batch": args.batch, "threads": args.threads, "train_from": args.train_from}
+        "batch": args.batch, "threads": args.threads, "train_from": args.train_from, "precision": args.precision}
 
 from torch_peer_common import import_torch, limit_threads, make_skip  # noqa: E402
 
@@ -88,7 +94,8 @@ def train_mode():
 
 
 def loss_fn(x, y):
-    return F.cross_entropy(model(x), y)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16_mixed"):
+        return F.cross_entropy(model(x), y)
 
 
 opt_step = opt.step

@@ -1,6 +1,7 @@
 // Bit-exact tests for kiln/core/dtype.hpp: every f16/bf16 pattern, random and tie inputs, against
 // two oracles — the compiler's _Float16 (where it exists) and an exact reference written here in
 // double arithmetic, independent of the header's bit shifting.
+#include <kiln/core/bf16_bulk.hpp>
 #include <kiln/core/dtype.hpp>
 
 #include <doctest/doctest.h>
@@ -13,6 +14,7 @@
 #include <sstream>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 #include <vector>
 
 namespace {
@@ -420,4 +422,29 @@ TEST_CASE("dtype tags, names, sizes and compute types") {
   }
   CHECK(kiln::size_of(kiln::dtype_of<double>) == sizeof(double));
   CHECK(kiln::size_of(kiln::dtype_of<f16>) == sizeof(f16));
+}
+
+TEST_CASE("round_to_bf16 and widen_bf16 over arrays are the scalar conversions, bit for bit") {
+  // Every bf16 pattern's neighbourhood (ties, carries into the exponent, NaN payloads, denormals,
+  // infinities) plus random floats; a length that leaves a scalar tail after the vector blocks.
+  std::vector<std::uint32_t> bits;
+  for (std::uint32_t h = 0; h < 0x10000u; ++h)
+    for (std::uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) bits.push_back(h << 16 | low);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 100003; ++i) bits.push_back(std::uint32_t(rng()));
+  std::vector<float> x(bits.size());
+  std::memcpy(x.data(), bits.data(), bits.size() * 4);
+  std::vector<kiln::bf16> got(x.size());
+  kiln::round_to_bf16(x.data(), got.data(), kiln::index_t(x.size()));
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) differ += got[i].bits != kiln::bf16(x[i]).bits ? 1 : 0;
+  CHECK(differ == 0);
+  std::vector<float> back(x.size());
+  kiln::widen_bf16(got.data(), back.data(), kiln::index_t(got.size()));
+  differ = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float want = float(got[i]);
+    differ += std::memcmp(&back[i], &want, 4) != 0 ? 1 : 0;
+  }
+  CHECK(differ == 0);
 }

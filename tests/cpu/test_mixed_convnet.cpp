@@ -1,7 +1,8 @@
 // Mixed precision for convnets on the CPU (issue 29): Conv2d, BatchNorm2d, the pools and residual
 // sums take bf16 / f16 activations, compute in float on widened values (the convolution with its
 // weight's half-precision copy) and round once per store — so a layer's bf16 output is exactly the
-// float layer's output on the rounded inputs, rounded. A small ResNet trains under bf16_mixed and
+// float layer's output on the rounded inputs, rounded. Channels-last bf16 convolutions instead run
+// the bf16 GEMM (issue 31): within one rounding of that. A small ResNet trains under bf16_mixed and
 // fp16_mixed, tracking the fp32 loss curve, with the launches its type predicts.
 #include <kiln/nn/named.hpp>
 #include <kiln/train.hpp>
@@ -11,6 +12,7 @@
 #include "step_helpers.hpp"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 using namespace kiln;
@@ -89,6 +91,93 @@ TEST_CASE("mixed precision: a bf16 Conv2d + ReLU is the float convolution of the
   MESSAGE("bf16 conv backward, worst error relative to the largest: dx ", dx_err, ", dw ", dw_err);
   CHECK(dx_err <= 1.0 / 128);
   CHECK(dw_err <= 1.0 / 128);
+}
+
+namespace {
+
+// Worst |got - want| over the largest |want|.
+template <class G>
+double worst_relative(const G* got, const float* want, index_t n) {
+  double worst = 0, scale = 0;
+  for (index_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::abs(double(float(got[i])) - double(want[i])));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  CHECK(scale > 0);
+  return worst / scale;
+}
+
+// A channels-last bf16 Conv2d<Cin, Cout, K, S, P> + ReLU (the bf16 GEMM: AMX / vdpbf16ps / the
+// emulation, whichever gemm_bf16_path is current) against the float layer on the same rounded
+// values: forward within one bf16 rounding of the float result (the sums differ only in order),
+// backward within a few bf16 ulps of the largest gradient; and bit for bit the same at 1 and 2
+// threads.
+template <index_t Cin, index_t Cout, index_t K, index_t S, index_t P, index_t H, index_t W>
+void check_bf16_nhwc_conv(std::uint64_t seed) {
+  using Layer = typename nn::Conv2d<Cin, Cout, K, S, P>::template with_layout<nn::layout::nhwc>;
+  INFO("Conv2d<" << Cin << ", " << Cout << ", " << K << ", " << S << ", " << P << "> on " << H << "x" << W);
+  std::vector<float> first_y, first_dx, first_dw;
+  for (int threads : {1, 2}) {
+    CpuExecutor exec(threads);
+    Tape tape(exec);
+    Layer conv(seed), rounded(seed);
+    conv.template refresh_low_copy<bf16>(exec);
+    for (index_t i = 0; i < rounded.weight().value().size(); ++i)
+      rounded.weight().value().data()[i] = float(bf16(rounded.weight().value().data()[i]));
+    auto [xh, xf] = images<H, W, Cin>(3, seed + 1);
+    const auto yh = conv.template forward_fused<nn::ReLU>(tape, xh);
+    const auto yf = rounded.template forward_fused<nn::ReLU>(tape, xf);
+    REQUIRE(yh.value().size() == yf.value().size());
+    index_t off = 0;
+    for (index_t i = 0; i < yf.value().size(); ++i) {
+      const float want = yf.value().data()[i], got = float(yh.value().data()[i]);
+      // One rounding of a float sum that differs from `want` in its last bits: at most one bf16 ulp.
+      off += std::abs(got - want) > std::abs(want) * 0x1p-7f + 1e-6f ? 1 : 0;
+    }
+    CHECK(off == 0);
+    backward_projected(tape, yh, seed + 2);
+    Tape again(exec);
+    backward_projected(again, rounded.template forward_fused<nn::ReLU>(again, xf), seed + 2);
+    const index_t wn = rounded.weight().value().size();
+    const double dx_err = worst_relative(xh.grad().data(), xf.grad().data(), xf.value().size());
+    const double dw_err = worst_relative(conv.weight().grad().data(), rounded.weight().grad().data(), wn);
+    const double db_err = worst_relative(conv.bias().grad().data(), rounded.bias().grad().data(), Cout);
+    CHECK(dx_err <= 1.0 / 128);
+    CHECK(dw_err <= 1.0 / 128);
+    CHECK(db_err <= 1.0 / 128);
+    std::vector<float> y(std::size_t(yh.value().size())), dx(std::size_t(xh.value().size()));
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = float(yh.value().data()[i]);
+    for (std::size_t i = 0; i < dx.size(); ++i) dx[i] = float(xh.grad().data()[i]);
+    const std::vector<float> dw(conv.weight().grad().data(), conv.weight().grad().data() + wn);
+    if (threads == 1) {
+      first_y = y, first_dx = dx, first_dw = dw;
+    } else {
+      CHECK(y == first_y);
+      CHECK(dx == first_dx);
+      CHECK(dw == first_dw);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mixed precision: a channels-last bf16 Conv2d runs the bf16 GEMM within a rounding of the float layer") {
+  const auto path = cpu::current_gemm_bf16_path();
+  const std::string name = path == cpu::gemm_bf16_path::amx      ? "amx"
+                           : path == cpu::gemm_bf16_path::native ? "vdpbf16ps"
+                                                                 : "emulate";
+  MESSAGE("bf16 GEMM path: " << name);
+  check_bf16_nhwc_conv<16, 24, 3, 1, 1, 10, 9>(11);  // the float layer's Winograd shape
+  check_bf16_nhwc_conv<3, 16, 7, 2, 3, 17, 15>(12);  // a stem
+  check_bf16_nhwc_conv<40, 33, 1, 1, 0, 7, 6>(13);   // pointwise: x's rows are the column matrix
+  check_bf16_nhwc_conv<24, 48, 1, 2, 0, 9, 8>(14);   // a strided downsample
+  check_bf16_nhwc_conv<8, 8, 3, 2, 1, 12, 12>(15);
+  if (path != cpu::gemm_bf16_path::emulate) {  // the emulation too, where a native kernel is the default
+    cpu::set_gemm_bf16_path(cpu::gemm_bf16_path::emulate);
+    check_bf16_nhwc_conv<16, 24, 3, 1, 1, 10, 9>(11);
+    check_bf16_nhwc_conv<24, 48, 1, 2, 0, 9, 8>(14);
+    cpu::set_gemm_bf16_path(path);
+  }
 }
 
 TEST_CASE("mixed precision: bf16 BatchNorm2d, pools and a residual sum are their float selves on rounded values") {

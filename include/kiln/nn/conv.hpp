@@ -13,7 +13,9 @@
 // output's H and W are static too.
 //
 // Where it runs: the CPU backend (kiln/backend/cpu/conv2d.hpp: chunked im2col + kiln's GEMM).
-// Under mixed precision (bf16 / f16 activations, float master weights) the CPU runs the float
+// Under mixed precision (bf16 / f16 activations, float master weights) a channels-last bf16
+// convolution runs the bf16 GEMM on the activations and the weight's bf16 copy (AMX or vdpbf16ps
+// where the CPU has them; kiln/backend/cpu/conv2d_nhwc_bf16.hpp); NCHW and f16 run the float
 // kernels on widened values and the weight's half-precision copy (kiln/nn/half_io.hpp).
 // The CUDA path (cuDNN) is not written yet; a model with a Conv2d on kiln::cuda is a
 // static_assert saying so.
@@ -29,6 +31,7 @@
 #include "kiln/autograd/remake.hpp"
 #include "kiln/backend/cpu/conv2d.hpp"
 #include "kiln/backend/cpu/conv2d_nhwc.hpp"
+#include "kiln/backend/cpu/conv2d_nhwc_bf16.hpp"
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/nn/init.hpp"
@@ -298,6 +301,9 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
                 "kiln::nn::Conv2d: bf16 / f16 activations run on the CPU so far (cuDNN's half-precision path is not "
                 "written yet): use fp32 or tf32 on the device");
   constexpr bool nhwc = L == layout::nhwc;
+  // Channels-last bf16 runs the bf16 GEMM on the values as they are (AMX / vdpbf16ps,
+  // cpu/conv2d_nhwc_bf16.hpp); NCHW and f16 widen to float first.
+  constexpr bool bf16_gemm = nhwc && std::is_same_v<X, bf16>;
   const Shape xs = x.shape();
   const cpu::Conv2dShape s = checked_conv_shape<L>(xs, wd->value.shape(), g);
   const Shape out_shape = nhwc ? Shape{s.n, s.out_h(), s.out_w(), s.c_out} : Shape{s.n, s.c_out, s.out_h(), s.out_w()};
@@ -320,14 +326,18 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
                             y_size, x_bytes + y_bytes);
   {
     const int threads = tape.exec().threads();
-    const auto wf = widened(low->data(), low->size(), threads);
-    const auto xf = widened(x.value().data(), xs.size(), threads);
     std::vector<float> yf(static_cast<std::size_t>(y_size));
     std::vector<float> keep(has_act && recording ? std::size_t(y_size) : 0);
     const ConvFinish<float, Act> finish{bd ? bd->value.data() : nullptr, keep.empty() ? nullptr : keep.data(), s.c_out,
                                         ohw};
-    if constexpr (nhwc) cpu::conv2d_nhwc_forward_epilogue(s, xf.data(), wf.data(), yf.data(), tape.exec().threads(), finish);
-    else cpu::conv2d_forward_epilogue(s, xf.data(), wf.data(), yf.data(), tape.exec().threads(), finish);
+    if constexpr (bf16_gemm) {
+      cpu::conv2d_nhwc_bf16_forward_epilogue(s, x.value().data(), low->data(), yf.data(), threads, finish);
+    } else {
+      const auto wf = widened(low->data(), low->size(), threads);
+      const auto xf = widened(x.value().data(), xs.size(), threads);
+      if constexpr (nhwc) cpu::conv2d_nhwc_forward_epilogue(s, xf.data(), wf.data(), yf.data(), threads, finish);
+      else cpu::conv2d_forward_epilogue(s, xf.data(), wf.data(), yf.data(), threads, finish);
+    }
     store_rounded(out.value().data(), yf.data(), y_size, false, threads);
     if (!recording) return out;
     auto pre = std::make_shared<std::vector<X>>(keep.size());
@@ -338,6 +348,40 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
     tape.record(out, std::move(inputs), [xd = x.data(), wd, bd, pre, low, s, y_size, x_bytes, y_bytes](Exec& exec, auto& od) {
       if (!od.grad_valid) return;
       const int threads = exec.threads();
+      if constexpr (bf16_gemm) {
+        // dy in bf16, as the GEMM reads it: the output's gradient itself, or times the
+        // activation's derivative, rounded.
+        std::vector<X> dy_act;
+        const X* dy = od.grad.data();
+        if constexpr (has_act) {
+          exec.stats().count(kind::elementwise, std::string("backward(") + Act::name + ")", y_size, y_bytes * 3);
+          dy_act.resize(std::size_t(y_size));
+          for (index_t i = 0; i < y_size; ++i)
+            dy_act[std::size_t(i)] = X(float(dy[i]) * Act{}.d(static_cast<float>((*pre)[std::size_t(i)])));
+          dy = dy_act.data();
+        }
+        if (xd->requires_grad) {
+          exec.stats().count(kind::gemm, "conv2d_backward_data", s.n * s.c_in * s.h * s.w, x_bytes + y_bytes);
+          put_rounded_input_grad(
+              *xd, [&](float* dx) { cpu::conv2d_nhwc_bf16_backward_data(s, dy, low->data(), dx, threads); }, threads);
+        }
+        const bool dw = wd->requires_grad, db = bd && bd->requires_grad;
+        if (dw || db) {
+          exec.stats().count(kind::gemm, "conv2d_backward_filter", wd->value.size(), x_bytes + y_bytes);
+          const index_t wn = wd->value.size();
+          std::vector<float> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
+          cpu::conv2d_nhwc_bf16_backward_filter(s, xd->value.data(), dy, gw.data(), db ? gb.data() : nullptr, threads);
+          if (dw) {
+            write_or_add(wd->ensure_grad(), gw.data(), wn, wd->grad_valid);
+            wd->grad_valid = true;
+          }
+          if (db) {
+            write_or_add(bd->ensure_grad(), gb.data(), s.c_out, bd->grad_valid);
+            bd->grad_valid = true;
+          }
+        }
+        return;
+      }
       std::vector<float> dy = widened(od.grad.data(), y_size, threads);
       if constexpr (has_act) {
         exec.stats().count(kind::elementwise, std::string("backward(") + Act::name + ")", y_size, y_bytes * 3);

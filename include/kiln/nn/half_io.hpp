@@ -10,9 +10,12 @@
 // stay float. The buffers are transient: nothing a step keeps is float.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
+#include "kiln/core/bf16_bulk.hpp"
 #include "kiln/core/dtype.hpp"
 
 namespace kiln::nn::detail {
@@ -32,18 +35,43 @@ void half_io_loop(index_t n, int threads, const F& f) {
   for (index_t i = 0; i < n; ++i) f(i);
 }
 
+// f(begin, end) over blocks of [0, n), on `threads` OpenMP threads for a large n.
+template <class F>
+void half_io_blocks(index_t n, int threads, const F& f) {
+  constexpr index_t block = 4096;
+  half_io_loop((n + block - 1) / block, n >= (index_t{1} << 15) ? threads : 1,
+               [&](index_t b) { f(b * block, std::min(n, (b + 1) * block)); });
+}
+
 // n values of x as floats.
 template <class X>
 std::vector<float> widened(const X* x, index_t n, int threads = 1) {
   std::vector<float> out(static_cast<std::size_t>(n));
   float* o = out.data();
-  half_io_loop(n, threads, [=](index_t i) { o[i] = static_cast<float>(x[i]); });
+  if constexpr (std::is_same_v<X, bf16>) {
+    half_io_blocks(n, threads, [=](index_t b, index_t e) { widen_bf16(x + b, o + b, e - b); });
+  } else {
+    half_io_loop(n, threads, [=](index_t i) { o[i] = static_cast<float>(x[i]); });
+  }
   return out;
 }
 
 // dst = round(src), or with add dst = round(float(dst) + src): n values.
 template <class X>
 void store_rounded(X* dst, const float* src, index_t n, bool add = false, int threads = 1) {
+  if constexpr (std::is_same_v<X, bf16>) {
+    if (!add) {
+      half_io_blocks(n, threads, [=](index_t b, index_t e) { round_to_bf16(src + b, dst + b, e - b); });
+    } else {
+      half_io_blocks(n, threads, [=](index_t b, index_t e) {
+        float sum[4096];
+        widen_bf16(dst + b, sum, e - b);
+        for (index_t i = 0; i < e - b; ++i) sum[i] += src[b + i];
+        round_to_bf16(sum, dst + b, e - b);
+      });
+    }
+    return;
+  }
   if (add) half_io_loop(n, threads, [=](index_t i) { dst[i] = X(static_cast<float>(dst[i]) + src[i]); });
   else half_io_loop(n, threads, [=](index_t i) { dst[i] = X(src[i]); });
 }

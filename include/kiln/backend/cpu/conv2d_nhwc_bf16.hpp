@@ -1,0 +1,122 @@
+// kiln/backend/cpu/conv2d_nhwc_bf16.hpp — channels-last 2-D convolution with kiln::bf16 inputs
+// on the bf16 GEMM (AMX tiles or vdpbf16ps where the CPU has them, gemm.hpp's gemm_bf16_path),
+// float outputs and gradients: mixed precision's convolution (nn::Conv2d under bf16_mixed).
+//
+//   x [N, H, W, Cin] bf16, w [Cout, Cin, KH, KW] bf16, dy [N, OH, OW, Cout] bf16;
+//   y, dx, dw, dbias float.
+//
+// The column matrix of conv2d_nhwc.hpp (row per output pixel, patch in (i, j, c) order) in bf16,
+// chunked as there (chunks depend on the shape only, so the bits do not depend on the thread
+// count): forward Y = col * wp^T, backward-data dcol = dY * wp then col2im in float,
+// backward-filter dwp = dY^T * col summed over chunks in float. Pointwise (1x1 stride-1
+// unpadded) convolutions read x's and dy's rows directly. No Winograd: its transforms would round
+// to bf16 between stages (the error F(4x4) adds in fp32 is 20x the direct one's, README), and
+// on AMX the products are no longer what costs.
+//
+// Numerics: every product of two bf16 values is exact; sums are fp32 (in the order the GEMM
+// path sums them: gemm_kernel_bf16.hpp / gemm_kernel_amx.hpp), so a result is within the float
+// convolution's error bound of the float convolution of the same (rounded) values.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+
+#include "kiln/backend/cpu/conv2d_nhwc.hpp"
+#include "kiln/backend/cpu/gemm.hpp"
+#include "kiln/core/dtype.hpp"
+
+namespace kiln::cpu {
+
+namespace detail {
+// Scratch slots of the bf16 path's own buffers (conv2d_scratch keys on the type too).
+inline constexpr int conv_bf16_slot_w = 5, conv_bf16_slot_col = 6, conv_bf16_slot_z = 7, conv_bf16_slot_dw = 8;
+}  // namespace detail
+
+// y = epilogue(conv(x, w)) as conv2d_nhwc_forward_epilogue: epi(row, z, y + row * Cout, Cout)
+// per output pixel with the GEMM's float values z [Cout]; an epilogue with copies_only() true is
+// not called (the GEMM writes y).
+template <class Epilogue>
+void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, const bf16* w, float* y, int threads,
+                                       const Epilogue& epi) {
+  s.check("kiln::cpu::conv2d_nhwc_bf16_forward");
+  threads = detail::conv2d_threads(threads);
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
+  const index_t chunk = detail::conv2d_chunk<bf16>(s);
+  bool direct = false;
+  if constexpr (requires { { epi.copies_only() } -> std::convertible_to<bool>; }) direct = epi.copies_only();
+  bf16* wp = detail::conv2d_scratch<bf16, detail::conv_bf16_slot_w>(std::size_t(s.c_out * k));
+  float* z = direct ? nullptr
+                    : detail::conv2d_scratch<float, detail::conv_bf16_slot_z>(std::size_t(chunk * ohw * s.c_out));
+  detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
+  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+    const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw, r0 = n0 * ohw;
+    const bf16* col = detail::conv2d_nhwc_columns<bf16>(s, x, n0, cn, threads);
+    float* out = direct ? y + r0 * s.c_out : z;
+    gemm<bf16>(trans::no, trans::yes, rows, s.c_out, k, 1.0f, col, k, wp, k, 0.0f, out, s.c_out, threads);
+    if (direct) continue;
+    detail::conv2d_parallel(rows, threads, [&](index_t r) {
+      epi(r0 + r, z + r * s.c_out, y + (r0 + r) * s.c_out, s.c_out);
+    });
+  }
+}
+
+// dx = d(sum y * dy)/dx: dcol = dY * wp (float), then col2im; dx overwritten, or added to with
+// accumulate.
+inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy, const bf16* w, float* dx,
+                                           int threads = 0, bool accumulate = false) {
+  s.check("kiln::cpu::conv2d_nhwc_bf16_backward_data");
+  threads = detail::conv2d_threads(threads);
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
+  const index_t chunk = detail::conv2d_chunk<float>(s);  // dcol is float
+  const bool pointwise = detail::conv2d_nhwc_pointwise(s);
+  bf16* wp = detail::conv2d_scratch<bf16, detail::conv_bf16_slot_w>(std::size_t(s.c_out * k));
+  float* dcol = pointwise ? nullptr
+                          : detail::conv2d_scratch<float, detail::conv_bf16_slot_col>(std::size_t(chunk * ohw * k));
+  detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
+  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+    const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
+    const bf16* dyc = dy + n0 * ohw * s.c_out;
+    if (pointwise) {  // dcol is dx's rows
+      gemm<bf16>(trans::no, trans::no, rows, k, s.c_out, 1.0f, dyc, s.c_out, wp, k, accumulate ? 1.0f : 0.0f,
+                 dx + n0 * hwc, k, threads);
+      continue;
+    }
+    gemm<bf16>(trans::no, trans::no, rows, k, s.c_out, 1.0f, dyc, s.c_out, wp, k, 0.0f, dcol, k, threads);
+    detail::conv2d_parallel(cn * s.h, threads, [&](index_t r) {
+      const index_t i = r / s.h;
+      detail::col2im_nhwc_row(s, dcol + i * ohw * k, r % s.h, dx + (n0 + i) * hwc, !accumulate);
+    });
+  }
+}
+
+// dw = sum over pixels of dy (x) patch, permuted back to [Cout, Cin, KH, KW]; dbias = sum of dy
+// over n, oh, ow in double (skipped when dbias is nullptr). dw and dbias are overwritten.
+inline void conv2d_nhwc_bf16_backward_filter(const Conv2dShape& s, const bf16* x, const bf16* dy, float* dw,
+                                             float* dbias, int threads = 0) {
+  s.check("kiln::cpu::conv2d_nhwc_bf16_backward_filter");
+  threads = detail::conv2d_threads(threads);
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
+  const index_t chunk = detail::conv2d_chunk<bf16>(s);
+  float* dwp = detail::conv2d_scratch<float, detail::conv_bf16_slot_dw>(std::size_t(s.c_out * k));
+  for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
+    const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
+    const bf16* col = detail::conv2d_nhwc_columns<bf16>(s, x, n0, cn, threads);
+    gemm<bf16>(trans::yes, trans::no, s.c_out, k, rows, 1.0f, dy + n0 * ohw * s.c_out, s.c_out, col, k,
+               n0 == 0 ? 0.0f : 1.0f, dwp, k, threads);
+  }
+  detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
+  if (dbias == nullptr) return;
+  constexpr index_t block = 32;  // as conv2d_nhwc_backward_filter: blocks of channels, rows in order
+  const index_t rows = s.n * ohw;
+  detail::conv2d_parallel((s.c_out + block - 1) / block, threads, [&](index_t b) {
+    const index_t c0 = b * block, cb = std::min(block, s.c_out - c0);
+    double acc[block] = {};
+    for (index_t r = 0; r < rows; ++r) {
+      const bf16* p = dy + r * s.c_out + c0;
+      for (index_t c = 0; c < cb; ++c) acc[c] += double(float(p[c]));
+    }
+    for (index_t c = 0; c < cb; ++c) dbias[c0 + c] = float(acc[c]);
+  });
+}
+
+}  // namespace kiln::cpu
