@@ -263,7 +263,7 @@ class BatchNorm2d {
     } else {
       const int threads = tape.exec().threads();
       const std::size_t bytes = std::size_t(s.size()) * sizeof(XT) * 2;
-      std::vector<float> x_wide, y_wide, r_wide;  // half-precision activations: the kernels' float copies
+      detail::scratch_vector<float> x_wide, y_wide, r_wide;  // half-precision activations: the kernels' float copies
       const T* xin = nullptr;
       const T* rin = nullptr;
       T* yout = nullptr;
@@ -335,22 +335,22 @@ class BatchNorm2d {
                   [xd = x.data(), wd, bd, rd, saved, train, n, hw, eps = eps_, bytes, name](Exec& exec, auto& od) {
                     if (!od.grad_valid) return;
                     // The residual form: dz = dy * act'(y) once, r's gradient and the normalisation's.
-                    std::vector<float> dz_wide;
-                    std::vector<T> dz_own;
+                    detail::scratch_vector<float> dz_wide;
+                    detail::scratch_vector<T> dz_own;
                     const T* dz = nullptr;
                     if constexpr (res) dz = residual_backward<F, half>(exec, od, *rd, xd.get(), n * C * hw, dz_own, dz_wide);
                     exec.stats().count(kind::norm, name + "_backward", n * C * hw, bytes * 2);
                     const bool want_dx = xd->requires_grad;
                     const bool add_x = want_dx && xd->grad_valid;
                     // A half-precision dx is computed in float and rounded into the gradient.
-                    std::vector<T> tmp((add_x || (half && want_dx)) ? std::size_t(n * C * hw) : 0);
+                    detail::scratch_vector<T> tmp((add_x || (half && want_dx)) ? std::size_t(n * C * hw) : 0);
                     T* dx = nullptr;
                     if (want_dx) {
                       if (!tmp.empty()) dx = tmp.data();
                       else if constexpr (!half) dx = xd->ensure_grad();
                     }
                     T dgamma[C], dbeta[C];
-                    std::vector<float> x_wide, g_wide;
+                    detail::scratch_vector<float> x_wide, g_wide;
                     const T* X = nullptr;
                     const T* G = nullptr;
                     if constexpr (half) {
@@ -400,7 +400,7 @@ class BatchNorm2d {
   // f16 activations, whose gradient is stored rounded).
   template <class F, bool Half, class Exec, class OD>
   static const T* residual_backward(Exec& exec, OD& od, ag::VarNode& rnode, const ag::VarNode* xnode, index_t size,
-                                    std::vector<T>& own, std::vector<float>& wide) {
+                                    detail::scratch_vector<T>& own, detail::scratch_vector<float>& wide) {
     using XT = typename OD::tensor_type::value_type;
     std::string name = "residual_backward";
     if constexpr (!is_identity_act_v<F>) name.append("+").append(F::name);

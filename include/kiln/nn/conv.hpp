@@ -326,8 +326,8 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
                             y_size, x_bytes + y_bytes);
   {
     const int threads = tape.exec().threads();
-    std::vector<float> yf(static_cast<std::size_t>(y_size));
-    std::vector<float> keep(has_act && recording ? std::size_t(y_size) : 0);
+    scratch_vector<float> yf(static_cast<std::size_t>(y_size));
+    scratch_vector<float> keep(has_act && recording ? std::size_t(y_size) : 0);
     const ConvFinish<float, Act> finish{bd ? bd->value.data() : nullptr, keep.empty() ? nullptr : keep.data(), s.c_out,
                                         ohw};
     if constexpr (bf16_gemm) {
@@ -351,7 +351,7 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
       if constexpr (bf16_gemm) {
         // dy in bf16, as the GEMM reads it: the output's gradient itself, or times the
         // activation's derivative, rounded.
-        std::vector<X> dy_act;
+        scratch_vector<X> dy_act;
         const X* dy = od.grad.data();
         if constexpr (has_act) {
           exec.stats().count(kind::elementwise, std::string("backward(") + Act::name + ")", y_size, y_bytes * 3);
@@ -369,7 +369,7 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
         if (dw || db) {
           exec.stats().count(kind::gemm, "conv2d_backward_filter", wd->value.size(), x_bytes + y_bytes);
           const index_t wn = wd->value.size();
-          std::vector<float> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
+          scratch_vector<float> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
           cpu::conv2d_nhwc_bf16_backward_filter(s, xd->value.data(), dy, gw.data(), db ? gb.data() : nullptr, threads);
           if (dw) {
             write_or_add(wd->ensure_grad(), gw.data(), wn, wd->grad_valid);
@@ -382,7 +382,7 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
         }
         return;
       }
-      std::vector<float> dy = widened(od.grad.data(), y_size, threads);
+      scratch_vector<float> dy = widened(od.grad.data(), y_size, threads);
       if constexpr (has_act) {
         exec.stats().count(kind::elementwise, std::string("backward(") + Act::name + ")", y_size, y_bytes * 3);
         for (index_t i = 0; i < y_size; ++i) dy[std::size_t(i)] *= Act{}.d(static_cast<float>((*pre)[std::size_t(i)]));
@@ -398,7 +398,7 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
         exec.stats().count(kind::gemm, "conv2d_backward_filter", wd->value.size(), x_bytes + y_bytes);
         const index_t wn = wd->value.size();
         const auto xf = widened(xd->value.data(), xd->value.size(), threads);
-        std::vector<float> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
+        scratch_vector<float> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
         if constexpr (L == layout::nhwc)
           cpu::conv2d_nhwc_backward_filter(s, xf.data(), dy.data(), gw.data(), db ? gb.data() : nullptr, threads);
         else cpu::conv2d_backward_filter(s, xf.data(), dy.data(), gw.data(), db ? gb.data() : nullptr, threads);

@@ -139,7 +139,7 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
   if constexpr (kiln::detail::is_half_v<T>) {
     const int threads = tape.exec().threads();
     const auto xf = widened(x.value().data(), xs.size(), threads);
-    std::vector<float> yf(static_cast<std::size_t>(y_size));
+    scratch_vector<float> yf(static_cast<std::size_t>(y_size));
     forward_kernel(xf.data(), yf.data());
     store_rounded(out.value().data(), yf.data(), y_size, false, threads);
   } else {
@@ -161,8 +161,8 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
     };
     if constexpr (kiln::detail::is_half_v<T>) {
       // Max pooling picks the same element in the widened input as the forward did.
-      const std::vector<float> xf = Max ? widened(xd->value.data(), xd->value.size(), exec.threads())
-                                        : std::vector<float>{};
+      const scratch_vector<float> xf = Max ? widened(xd->value.data(), xd->value.size(), exec.threads())
+                                           : scratch_vector<float>{};
       const auto gf = widened(od.grad.data(), y_size, exec.threads());
       put_rounded_input_grad(*xd, [&](float* dx) { backward_kernel(xf.data(), gf.data(), dx); }, exec.threads());
     } else {
