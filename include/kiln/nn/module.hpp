@@ -14,6 +14,7 @@
 #include "kiln/autograd/tape.hpp"
 #include "kiln/autograd/var.hpp"
 #include "kiln/config.hpp"
+#include "kiln/core/bf16_bulk.hpp"
 #include "kiln/core/epilogue.hpp"
 #include "kiln/core/stats.hpp"
 #include "kiln/core/tensor.hpp"
@@ -317,6 +318,16 @@ struct RoundCopy {
   const T* src;
   L* dst;
   KILN_HOST_DEVICE void operator()(index_t, index_t i) const { dst[i] = convert<L>(src[i]); }
+  // The CPU executor's whole-range form: float to bf16 vectorised (kiln/core/bf16_bulk.hpp; the
+  // same bits), for the 25 M weights of a ResNet-50 every step.
+  static constexpr bool flat = true;
+  void run_flat(index_t begin, index_t end) const {
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<L, bf16>) {
+      round_to_bf16(src + begin, dst + begin, end - begin);
+    } else {
+      for (index_t i = begin; i < end; ++i) dst[i] = convert<L>(src[i]);
+    }
+  }
 };
 
 // Writes v to the gradient slot, or adds it when the gradient already holds a contribution; the

@@ -177,7 +177,7 @@ struct gemm_kernel_amx {
   using acc = float;
   using packed = std::uint32_t;
   static constexpr int mr = 32, nr = 32;
-  static constexpr index_t kc = 512, mc = 256, nc = 4096;
+  static constexpr index_t kc = 1024, mc = 256, nc = 4096;
   static constexpr index_t kstep = 32;  // k blocks but the last fill whole tiles
   static constexpr index_t packed_k(index_t k) { return amx_packed_k(k); }
   static void pack_a(index_t rows, index_t k, const bf16* src, index_t rs, index_t cs, packed* dst) {
