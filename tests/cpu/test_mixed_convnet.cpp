@@ -203,6 +203,66 @@ TEST_CASE("mixed precision: bf16 BatchNorm2d, pools and a residual sum are their
 
 namespace {
 
+// sum(y * r) with r exactly representable in bf16, so the float layer's output gradient is the
+// bf16 layer's, value for value.
+template <class Y>
+void backward_with_bf16_weights(Tape& tape, const Y& y, std::uint64_t seed) {
+  Tensor<float, host, dyn, dyn> r(Shape{y.dim(0), y.value().size() / y.dim(0)});
+  Generator g(seed);
+  for (index_t i = 0; i < r.size(); ++i) r.data()[i] = float(bf16(g.uniform(-1.f, 1.f)));
+  const auto rows = nn::Flatten{}.forward(tape, y);
+  tape.backward(ag::sum(tape, ag::map(tape, cast<float>(rows) * r)));
+}
+
+template <class A, class B>
+void check_same_floats(const A* got, const B* want, index_t n) {
+  index_t differ = 0;
+  for (index_t i = 0; i < n; ++i) differ += float(got[i]) != float(want[i]) ? 1 : 0;
+  CHECK(differ == 0);
+}
+
+}  // namespace
+
+TEST_CASE("mixed precision: a channels-last bf16 BatchNorm2d reads and writes bf16 directly, its float self rounded") {
+  using BN = nn::BatchNorm2d<40>::with_layout<nn::layout::nhwc>;
+  for (int threads : {1, 2})
+    for (bool training : {true, false})
+      for (bool residual : {false, true}) {
+        INFO("threads " << threads << (training ? ", training" : ", eval") << (residual ? ", residual + ReLU" : ", ReLU"));
+        CpuExecutor exec(threads);
+        Tape tape(exec);
+        auto [xh, xf] = images<7, 5, 40>(3, 21);
+        auto [rh, rf] = images<7, 5, 40>(3, 22);
+        BN bn_half, bn_float;
+        for (BN* bn : {&bn_half, &bn_float}) {
+          Generator g(23);  // non-trivial gamma, beta and running statistics
+          for (index_t c = 0; c < 40; ++c) {
+            bn->weight().value().data()[c] = g.uniform(0.5f, 1.5f);
+            bn->bias().value().data()[c] = g.uniform(-0.5f, 0.5f);
+            bn->buffers().running_mean.data()[c] = g.uniform(-0.3f, 0.3f);
+            bn->buffers().running_var.data()[c] = g.uniform(0.5f, 2.0f);
+          }
+          bn->train(training);
+        }
+        using YH = ag::Var<bf16, host, dyn, 7, 5, 40>;
+        using YF = ag::Var<float, host, dyn, 7, 5, 40>;
+        const auto yh = residual ? bn_half.forward_residual<fn::Relu, YH>(tape, xh, rh) : bn_half.forward_fused<nn::ReLU>(tape, xh);
+        Tape again(exec);
+        const auto yf = residual ? bn_float.forward_residual<fn::Relu, YF>(again, xf, rf) : bn_float.forward_fused<nn::ReLU>(again, xf);
+        check_rounded(yh.value(), yf.value());
+        for (index_t c = 0; c < 40; ++c)
+          CHECK(bn_half.buffers().running_mean.data()[c] == bn_float.buffers().running_mean.data()[c]);
+        backward_with_bf16_weights(tape, yh, 24);
+        backward_with_bf16_weights(again, yf, 24);
+        check_rounded(xh.grad(), xf.grad());
+        if (residual) check_rounded(rh.grad(), rf.grad());
+        check_same_floats(bn_half.weight().grad().data(), bn_float.weight().grad().data(), 40);
+        check_same_floats(bn_half.bias().grad().data(), bn_float.bias().grad().data(), 40);
+      }
+}
+
+namespace {
+
 using SmallResNet =
     nn::Sequential<nn::Unflatten<3, 8, 8>, nn::Named<"conv1", nn::Conv2d<3, 8, 3, 1, 1, 1, false>>,
                    nn::Named<"bn1", nn::BatchNorm2d<8>>, nn::ReLU, nn::MaxPool2d<2>,

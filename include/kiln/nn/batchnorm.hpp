@@ -230,6 +230,9 @@ class BatchNorm2d {
                   "kiln::nn::BatchNorm2d: the input must live in the executor's memory space");
     // bf16 / f16 activations: the kernels run on widened copies (nn/half_io.hpp).
     constexpr bool half = !std::is_same_v<XT, T>;
+    // Channels-last bf16: the kernels read and write the bf16 tensors themselves, converting row
+    // by row (cpu/batchnorm2d_nhwc.hpp); otherwise half-precision tensors are widened first.
+    constexpr bool direct_half = half && Layout == layout::nhwc && std::is_same_v<XT, bf16>;
     static_assert(!half || std::is_same_v<Space, host>,
                   "kiln::nn::BatchNorm2d: bf16 / f16 activations run on the CPU so far (the device's half-precision "
                   "convnet path is not written yet): use fp32 or tf32 on the device");
@@ -264,10 +267,15 @@ class BatchNorm2d {
       const int threads = tape.exec().threads();
       const std::size_t bytes = std::size_t(s.size()) * sizeof(XT) * 2;
       detail::scratch_vector<float> x_wide, y_wide, r_wide;  // half-precision activations: the kernels' float copies
-      const T* xin = nullptr;
-      const T* rin = nullptr;
-      T* yout = nullptr;
-      if constexpr (half) {
+      using KS = std::conditional_t<direct_half, XT, T>;       // what the kernels read and write
+      const KS* xin = nullptr;
+      const KS* rin = nullptr;
+      KS* yout = nullptr;
+      if constexpr (direct_half) {
+        xin = x.value().data();
+        yout = out.value().data();
+        if constexpr (res) rin = r->value().data();
+      } else if constexpr (half) {
         x_wide = detail::widened(x.value().data(), s.size(), threads);
         y_wide.resize(std::size_t(s.size()));
         xin = x_wide.data();
@@ -317,7 +325,7 @@ class BatchNorm2d {
         K::eval_forward(n, C, hw, xin, weight_.value().data(), bias_.value().data(), eps_, buf.running_mean.data(),
                         buf.running_var.data(), yout, threads, Act{}, rin, save_scale);
       }
-      if constexpr (half) detail::store_rounded(out.value().data(), yout, s.size(), false, threads);
+      if constexpr (half && !direct_half) detail::store_rounded(out.value().data(), yout, s.size(), false, threads);
       if (!recording) return out;
       out.set_requires_grad(true);
       if constexpr (remakeable) {
@@ -342,6 +350,43 @@ class BatchNorm2d {
                     exec.stats().count(kind::norm, name + "_backward", n * C * hw, bytes * 2);
                     const bool want_dx = xd->requires_grad;
                     const bool add_x = want_dx && xd->grad_valid;
+                    using BAct = std::conditional_t<res, cpu::NoActivation, Act>;  // the residual form handed over dz
+                    T dgamma[C], dbeta[C];
+                    auto kernels = [&](const auto* X, const auto* G, auto* dx) {
+                      if (train) {
+                        K::backward(n, C, hw, X, G, wd->value.data(), saved->data(), saved->data() + C, dx, dgamma,
+                                    dbeta, exec.threads(), bd->value.data(), BAct{});
+                      } else {
+                        K::eval_backward(n, C, hw, X, G, wd->value.data(), bd->value.data(), eps, saved->data(),
+                                         saved->data() + C, dx, dgamma, dbeta, exec.threads(), BAct{});
+                      }
+                    };
+                    auto put_param_grads = [&] {
+                      for (auto [node, src] : {std::pair{wd.get(), dgamma}, std::pair{bd.get(), dbeta}}) {
+                        if (!node->requires_grad) continue;
+                        const bool add = node->grad_valid;
+                        T* g = node->ensure_grad();
+                        for (index_t c = 0; c < C; ++c) g[c] = add ? T(g[c] + src[c]) : src[c];
+                        node->grad_valid = true;
+                      }
+                    };
+                    if constexpr (direct_half) {
+                      // bf16 x and dy read as they are; dx written rounded, or in float and added
+                      // rounded once when the gradient already holds a contribution.
+                      const XT* X = xd->value.data();
+                      detail::scratch_vector<T> sum(add_x ? std::size_t(n * C * hw) : 0);
+                      auto with_g = [&](const auto* G) {
+                        if (!want_dx) kernels(X, G, static_cast<XT*>(nullptr));
+                        else if (add_x) kernels(X, G, sum.data());
+                        else kernels(X, G, xd->ensure_grad());
+                      };
+                      if constexpr (res) with_g(dz);
+                      else with_g(od.grad.data());
+                      if (add_x) detail::store_rounded(xd->ensure_grad(), sum.data(), n * C * hw, true, exec.threads());
+                      if (want_dx) xd->grad_valid = true;
+                      put_param_grads();
+                      return;
+                    }
                     // A half-precision dx is computed in float and rounded into the gradient.
                     detail::scratch_vector<T> tmp((add_x || (half && want_dx)) ? std::size_t(n * C * hw) : 0);
                     T* dx = nullptr;
@@ -349,7 +394,6 @@ class BatchNorm2d {
                       if (!tmp.empty()) dx = tmp.data();
                       else if constexpr (!half) dx = xd->ensure_grad();
                     }
-                    T dgamma[C], dbeta[C];
                     detail::scratch_vector<float> x_wide, g_wide;
                     const T* X = nullptr;
                     const T* G = nullptr;
@@ -362,16 +406,7 @@ class BatchNorm2d {
                       X = xd->value.data();
                       G = res ? dz : od.grad.data();
                     }
-                    // The residual form handed over dz: the activation's derivative is taken.
-                    using BAct = std::conditional_t<res, cpu::NoActivation, Act>;
-                    if (train) {
-                      K::backward(n, C, hw, X, G, wd->value.data(), saved->data(), saved->data() + C,
-                                                dx, dgamma, dbeta, exec.threads(), bd->value.data(), BAct{});
-                    } else {
-                      K::eval_backward(n, C, hw, X, G, wd->value.data(), bd->value.data(), eps,
-                                                     saved->data(), saved->data() + C, dx, dgamma, dbeta,
-                                                     exec.threads(), BAct{});
-                    }
+                    kernels(X, G, dx);
                     if (want_dx) {
                       if constexpr (half) {
                         detail::store_rounded(xd->ensure_grad(), tmp.data(), n * C * hw, add_x, exec.threads());
@@ -381,13 +416,7 @@ class BatchNorm2d {
                       }
                       xd->grad_valid = true;
                     }
-                    for (auto [node, src] : {std::pair{wd.get(), dgamma}, std::pair{bd.get(), dbeta}}) {
-                      if (!node->requires_grad) continue;
-                      const bool add = node->grad_valid;
-                      T* g = node->ensure_grad();
-                      for (index_t c = 0; c < C; ++c) g[c] = add ? T(g[c] + src[c]) : src[c];
-                      node->grad_valid = true;
-                    }
+                    put_param_grads();
                   });
     }
     return out;

@@ -11,6 +11,11 @@
 // double: last-bit differences), and do not depend on the thread count (ranges of channels are
 // split across threads, each channel computed alone).
 //
+// Storage types: x, y, the residual and dy may be kiln::bf16 where T is float (mixed precision,
+// nn/half_io.hpp): values are widened as they are read and rounded once as they are written
+// (kiln/core/bf16_bulk.hpp, row by row), the arithmetic stays T — the same bits as widening the
+// whole tensor first and rounding the whole result after, without those two extra passes.
+//
 // Passes stream whole rows: a thread's range of channels is swept tile of rows by tile of rows
 // (each tile L2-resident while its blocks of 32 channels are summed), and the elementwise passes
 // walk rows in order — never one block of channels down the whole tensor, which reads 128 bytes
@@ -23,6 +28,8 @@
 #include <vector>
 
 #include "kiln/backend/cpu/batchnorm2d.hpp"
+#include "kiln/core/bf16_bulk.hpp"
+#include "kiln/core/dtype.hpp"
 
 namespace kiln::cpu {
 
@@ -30,6 +37,37 @@ namespace detail {
 
 // Channels per inner block: a row's block is one contiguous run for the vector adds.
 inline constexpr index_t bn_nhwc_block = 32, bn_nhwc_lanes = 16;
+
+// A storage type S for compute type T: T itself, or bf16 for float.
+template <class S, class T>
+inline constexpr bool bn_storage_ok = std::is_same_v<S, T> || (std::is_same_v<S, bf16> && std::is_same_v<T, float>);
+
+// A row of n values of storage type S as T: the row itself, or widened into buf.
+template <class T, class S>
+inline const T* bn_row_as(const S* row, index_t n, T* buf) {
+  if constexpr (std::is_same_v<S, T>) {
+    (void)n, (void)buf;
+    return row;
+  } else {
+    widen_bf16(row, buf, n);
+    return buf;
+  }
+}
+// Where to compute a row of n values to be stored as S at row: there, or in buf (then bn_row_store).
+template <class T, class S>
+inline T* bn_row_target(S* row, T* buf) {
+  if constexpr (std::is_same_v<S, T>) {
+    (void)buf;
+    return row;
+  } else {
+    return buf;
+  }
+}
+template <class T, class S>
+inline void bn_row_store(S* row, const T* buf, index_t n) {
+  if constexpr (!std::is_same_v<S, T>) round_to_bf16(buf, row, n);
+  else (void)row, (void)buf, (void)n;
+}
 
 // f(c0, c1) for contiguous ranges of channels, one per thread (whole vectors of 8 channels, the
 // last range excepted). Each channel is computed alone, so the split changes no result.
@@ -132,26 +170,26 @@ void batchnorm2d_nhwc_lane_sums(index_t hw, index_t c, index_t c0, index_t c1, d
 
 // Mean and biased variance of channels [c0, c1) (indexed ch - c0): batchnorm2d_channel_stats per
 // channel.
-template <class T>
-void batchnorm2d_nhwc_stats(index_t n, index_t c, index_t hw, const T* x, index_t c0, index_t c1,
+template <class T, class X>
+void batchnorm2d_nhwc_stats(index_t n, index_t c, index_t hw, const X* x, index_t c0, index_t c1,
                             double* mean, double* var) {
   const index_t cw = c1 - c0;
   const auto ucw = static_cast<std::size_t>(cw);
   std::vector<double> sum(ucw, 0.0), sq(ucw, 0.0), shift(ucw, 0.0);
   std::vector<T> lanes(static_cast<std::size_t>(2 * bn_nhwc_lanes * cw)), mu(static_cast<std::size_t>(cw));
   for (index_t i = 0; i < n; ++i) {
-    const T* xi = x + i * hw * c + c0;
+    const X* xi = x + i * hw * c + c0;
     batchnorm2d_nhwc_lane_sums<T, false>(hw, c, c0, c1, sum.data(), nullptr, lanes.data(), [xi](index_t k0) {
-      return [p0 = xi + k0](index_t p, index_t k, T& u, T&) { u = p0[p + k]; };
+      return [p0 = xi + k0](index_t p, index_t k, T& u, T&) { u = T(p0[p + k]); };
     });
   }
   const double m = double(n * hw);
   for (index_t k = 0; k < cw; ++k) mu[std::size_t(k)] = T(mean[k] = sum[std::size_t(k)] / m);
   for (index_t i = 0; i < n; ++i) {
-    const T* xi = x + i * hw * c + c0;
+    const X* xi = x + i * hw * c + c0;
     batchnorm2d_nhwc_lane_sums<T, true>(hw, c, c0, c1, sq.data(), shift.data(), lanes.data(), [&](index_t k0) {
       return [p0 = xi + k0, m0 = mu.data() + k0](index_t p, index_t k, T& u, T& v) {
-        const T d = p0[p + k] - m0[k];
+        const T d = T(p0[p + k]) - m0[k];
         u = d * d;
         v = d;
       };
@@ -167,12 +205,13 @@ void batchnorm2d_nhwc_stats(index_t n, index_t c, index_t hw, const T* x, index_
 // y = act((x - mean) * scale + shift [+ res]) in T over channels [c0, c1), as
 // batchnorm2d_channel_affine; mean, scale, shift indexed ch - c0. Rows in order, each row's
 // channels one contiguous run.
-template <class T, class Act>
-void batchnorm2d_nhwc_affine(index_t rows, index_t c, const T* x, index_t c0, index_t c1,
-                             const double* mean, const double* scale, const double* shift, T* y,
-                             Act act, const T* res = nullptr) {
+template <class T, class Act, class X, class Y>
+void batchnorm2d_nhwc_affine(index_t rows, index_t c, const X* x, index_t c0, index_t c1,
+                             const double* mean, const double* scale, const double* shift, Y* y,
+                             Act act, const X* res = nullptr) {
   const index_t cw = c1 - c0;
-  std::vector<T> mab(std::size_t(3 * cw));
+  constexpr bool same = std::is_same_v<X, T> && std::is_same_v<Y, T>;
+  std::vector<T> mab(std::size_t((same ? 3 : 6) * cw));  // with bf16 storage: rows of x, res, y in T
   T* m = mab.data();
   T* a = m + cw;
   T* b = a + cw;
@@ -187,21 +226,37 @@ void batchnorm2d_nhwc_affine(index_t rows, index_t c, const T* x, index_t c0, in
       for (index_t k = 0; k < cw; ++k) yr[k] = act(T((xr[k] - mk[k]) * ak[k] + bk[k]));
     }
   };
-  for (index_t r = 0; r < rows; ++r)
-    row(x + r * c + c0, res ? res + r * c + c0 : nullptr, y + r * c + c0, m, a, b);
+  if constexpr (same) {
+    for (index_t r = 0; r < rows; ++r)
+      row(x + r * c + c0, res ? res + r * c + c0 : nullptr, y + r * c + c0, m, a, b);
+  } else {
+    T* xb = b + cw;
+    T* rb = xb + cw;
+    T* yb = rb + cw;
+    for (index_t r = 0; r < rows; ++r) {
+      const index_t e = r * c + c0;
+      const T* xr = bn_row_as<T>(x + e, cw, xb);
+      const T* rr = res ? bn_row_as<T>(res + e, cw, rb) : nullptr;
+      row(xr, rr, bn_row_target<T>(y + e, yb), m, a, b);
+      bn_row_store(y + e, yb, cw);
+    }
+  }
 }
 
 }  // namespace detail
 
 // Training-mode forward, as batchnorm2d_train_forward.
-template <class T, class Act = NoActivation>
-void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
+// x, y and residual: T, or bf16 where T is float (see the file comment).
+template <class T, class Act = NoActivation, class X = T, class Y = T>
+void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const X* x, const T* gamma,
                                     const T* beta, double eps, double momentum, T* running_mean,
-                                    T* running_var, T* y, T* save_mean, T* save_invstd,
-                                    int threads = 1, Act act = {}, const T* residual = nullptr,
+                                    T* running_var, Y* y, T* save_mean, T* save_invstd,
+                                    int threads = 1, Act act = {}, const X* residual = nullptr,
                                     T* save_scale = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_nhwc_train_forward: T must be float or double");
+  static_assert(detail::bn_storage_ok<X, T> && detail::bn_storage_ok<Y, T>,
+                "kiln::cpu::batchnorm2d_nhwc_train_forward: x and y are T, or bf16 where T is float");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_nhwc_train_forward";
   detail::batchnorm2d_check_sizes(fn, n, c, hw);
   KILN_CHECK(n * hw > 1, ValueError, fn,
@@ -216,7 +271,7 @@ void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x
   detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
     const std::size_t cw = std::size_t(c1 - c0);
     std::vector<double> mean(cw), var(cw), scale(cw), shift(cw);
-    detail::batchnorm2d_nhwc_stats(n, c, hw, x, c0, c1, mean.data(), var.data());
+    detail::batchnorm2d_nhwc_stats<T>(n, c, hw, x, c0, c1, mean.data(), var.data());
     for (std::size_t k = 0; k < cw; ++k) {
       const index_t ch = c0 + index_t(k);
       const double invstd = 1.0 / std::sqrt(var[k] + eps);
@@ -231,19 +286,21 @@ void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const T* x
       if (save_invstd) save_invstd[ch] = T(invstd);
       if (save_scale) save_scale[ch] = T(scale[k]);
     }
-    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
-                                    act, residual);
+    detail::batchnorm2d_nhwc_affine<T>(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
+                                       act, residual);
   });
 }
 
 // Eval-mode forward, as batchnorm2d_eval_forward.
-template <class T, class Act = NoActivation>
-void batchnorm2d_nhwc_eval_forward(index_t n, index_t c, index_t hw, const T* x, const T* gamma,
+template <class T, class Act = NoActivation, class X = T, class Y = T>
+void batchnorm2d_nhwc_eval_forward(index_t n, index_t c, index_t hw, const X* x, const T* gamma,
                                    const T* beta, double eps, const T* running_mean,
-                                   const T* running_var, T* y, int threads = 1, Act act = {},
-                                   const T* residual = nullptr, T* save_scale = nullptr) {
+                                   const T* running_var, Y* y, int threads = 1, Act act = {},
+                                   const X* residual = nullptr, T* save_scale = nullptr) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_nhwc_eval_forward: T must be float or double");
+  static_assert(detail::bn_storage_ok<X, T> && detail::bn_storage_ok<Y, T>,
+                "kiln::cpu::batchnorm2d_nhwc_eval_forward: x and y are T, or bf16 where T is float");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_nhwc_eval_forward";
   detail::batchnorm2d_check_sizes(fn, n, c, hw);
   detail::batchnorm2d_check_eps(fn, eps);
@@ -259,8 +316,8 @@ void batchnorm2d_nhwc_eval_forward(index_t n, index_t c, index_t hw, const T* x,
       shift[k] = beta ? double(beta[ch]) : 0.0;
       if (save_scale) save_scale[ch] = T(scale[k]);
     }
-    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
-                                    act, residual);
+    detail::batchnorm2d_nhwc_affine<T>(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
+                                       act, residual);
   });
 }
 
@@ -278,18 +335,21 @@ void batchnorm2d_nhwc_apply(index_t n, index_t c, index_t hw, const T* x, const 
       const index_t ch = c0 + index_t(k);
       m[k] = double(mean[ch]), a[k] = double(scale[ch]), b[k] = double(shift[ch]);
     }
-    detail::batchnorm2d_nhwc_affine(n * hw, c, x, c0, c1, m.data(), a.data(), b.data(), y, act);
+    detail::batchnorm2d_nhwc_affine<T>(n * hw, c, x, c0, c1, m.data(), a.data(), b.data(), y, act);
   });
 }
 
 // Training-mode backward, as batchnorm2d_backward (beta is read only with an activation).
-template <class T, class Act = NoActivation>
-void batchnorm2d_nhwc_backward(index_t n, index_t c, index_t hw, const T* x, const T* dy,
-                               const T* gamma, const T* save_mean, const T* save_invstd, T* dx,
+// x, dy and dx: T, or bf16 where T is float (see the file comment).
+template <class T, class Act = NoActivation, class X = T, class G = T, class D = T>
+void batchnorm2d_nhwc_backward(index_t n, index_t c, index_t hw, const X* x, const G* dy,
+                               const T* gamma, const T* save_mean, const T* save_invstd, D* dx,
                                T* dgamma, T* dbeta, int threads = 1, const T* beta = nullptr,
                                Act act = {}) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_nhwc_backward: T must be float or double");
+  static_assert(detail::bn_storage_ok<X, T> && detail::bn_storage_ok<G, T> && detail::bn_storage_ok<D, T>,
+                "kiln::cpu::batchnorm2d_nhwc_backward: x, dy and dx are T, or bf16 where T is float");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_nhwc_backward";
   constexpr bool has_act = !std::is_same_v<Act, NoActivation>;
   detail::batchnorm2d_check_sizes(fn, n, c, hw);
@@ -325,9 +385,9 @@ void batchnorm2d_nhwc_backward(index_t n, index_t c, index_t hw, const T* x, con
       detail::batchnorm2d_nhwc_lane_sums<T, true>(hw, c, c0, c1, a, b, lanes.data(), [&](index_t k0) {
         return [xk = x + e0 + k0, dyk = dy + e0 + k0, mk = zm + k0, sk = zs + k0, bk = zb + k0, act](
                    index_t p, index_t k, T& u, T& v) {
-          const T xm = xk[p + k] - mk[k];
-          if constexpr (!std::is_same_v<Act, NoActivation>) u = T(dyk[p + k] * act.d(T(xm * sk[k] + bk[k])));
-          else u = dyk[p + k];
+          const T xm = T(xk[p + k]) - mk[k];
+          if constexpr (!std::is_same_v<Act, NoActivation>) u = T(T(dyk[p + k]) * act.d(T(xm * sk[k] + bk[k])));
+          else u = T(dyk[p + k]);
           v = u * xm;
         };
       });
@@ -353,21 +413,37 @@ void batchnorm2d_nhwc_backward(index_t n, index_t c, index_t hw, const T* x, con
         dxr[k] = c_k[k] * (d - c_mdy[k] - (xr[k] - c_m[k]) * c_sl[k]);
       }
     };
-    for (index_t r = 0; r < n * hw; ++r) {
-      const index_t e = r * c + c0;
-      row(dx + e, x + e, dy + e, zm, zs, zb, kk, mean_dy, slope);
+    if constexpr (std::is_same_v<X, T> && std::is_same_v<G, T> && std::is_same_v<D, T>) {
+      for (index_t r = 0; r < n * hw; ++r) {
+        const index_t e = r * c + c0;
+        row(dx + e, x + e, dy + e, zm, zs, zb, kk, mean_dy, slope);
+      }
+    } else {
+      std::vector<T> rows_buf(std::size_t(3 * cw));
+      T* xb = rows_buf.data();
+      T* gb = xb + cw;
+      T* db = gb + cw;
+      for (index_t r = 0; r < n * hw; ++r) {
+        const index_t e = r * c + c0;
+        const T* xr = detail::bn_row_as<T>(x + e, cw, xb);
+        const T* gr = detail::bn_row_as<T>(dy + e, cw, gb);
+        row(detail::bn_row_target<T>(dx + e, db), xr, gr, zm, zs, zb, kk, mean_dy, slope);
+        detail::bn_row_store(dx + e, db, cw);
+      }
     }
   });
 }
 
 // Eval-mode backward, as batchnorm2d_eval_backward.
-template <class T, class Act = NoActivation>
-void batchnorm2d_nhwc_eval_backward(index_t n, index_t c, index_t hw, const T* x, const T* dy,
+template <class T, class Act = NoActivation, class X = T, class G = T, class D = T>
+void batchnorm2d_nhwc_eval_backward(index_t n, index_t c, index_t hw, const X* x, const G* dy,
                                     const T* gamma, const T* beta, double eps,
-                                    const T* running_mean, const T* running_var, T* dx, T* dgamma,
+                                    const T* running_mean, const T* running_var, D* dx, T* dgamma,
                                     T* dbeta, int threads = 1, Act act = {}) {
   static_assert(detail::batchnorm_type_ok<T>,
                 "kiln::cpu::batchnorm2d_nhwc_eval_backward: T must be float or double");
+  static_assert(detail::bn_storage_ok<X, T> && detail::bn_storage_ok<G, T> && detail::bn_storage_ok<D, T>,
+                "kiln::cpu::batchnorm2d_nhwc_eval_backward: x, dy and dx are T, or bf16 where T is float");
   constexpr const char* fn = "kiln::cpu::batchnorm2d_nhwc_eval_backward";
   constexpr bool has_act = !std::is_same_v<Act, NoActivation>;
   detail::batchnorm2d_check_sizes(fn, n, c, hw);
@@ -394,16 +470,25 @@ void batchnorm2d_nhwc_eval_backward(index_t n, index_t c, index_t hw, const T* x
       g[k] = gamma ? double(gamma[ch]) : 1.0;
       zm[k] = T(mean[k]), zs[k] = T(invstd[k] * g[k]), zb[k] = T(beta ? double(beta[ch]) : 0.0);
     }
-    for (index_t r = 0; r < n * hw; ++r)
+    std::vector<T> rows_buf(std::is_same_v<X, T> && std::is_same_v<G, T> && std::is_same_v<D, T> ? 0 : 3 * cw);
+    T* xb = rows_buf.data();
+    T* gb = xb + cw;
+    T* db = gb + cw;
+    for (index_t r = 0; r < n * hw; ++r) {
+      const index_t e = r * c + c0;
+      const T* xr = detail::bn_row_as<T>(x + e, index_t(cw), xb);
+      const T* gr = detail::bn_row_as<T>(dy + e, index_t(cw), gb);
+      T* dr = dx ? detail::bn_row_target<T>(dx + e, db) : nullptr;
       for (std::size_t k = 0; k < cw; ++k) {
-        const index_t i = r * c + c0 + index_t(k);
         double d;
-        if constexpr (has_act) d = double(dy[i] * act.d(T((x[i] - zm[k]) * zs[k] + zb[k])));
-        else d = double(dy[i]);
+        if constexpr (has_act) d = double(gr[k] * act.d(T((xr[k] - zm[k]) * zs[k] + zb[k])));
+        else d = double(gr[k]);
         sum_dy[k] += d;
-        sum_dy_xhat[k] += d * (double(x[i]) - mean[k]) * invstd[k];
-        if (dx) dx[i] = T(d * g[k] * invstd[k]);
+        sum_dy_xhat[k] += d * (double(xr[k]) - mean[k]) * invstd[k];
+        if (dr) dr[k] = T(d * g[k] * invstd[k]);
       }
+      if (dx) detail::bn_row_store(dx + e, db, index_t(cw));
+    }
     for (std::size_t k = 0; k < cw; ++k) {
       if (dbeta) dbeta[c0 + index_t(k)] = T(sum_dy[k]);
       if (dgamma) dgamma[c0 + index_t(k)] = T(sum_dy_xhat[k]);
