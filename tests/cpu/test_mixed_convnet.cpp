@@ -156,6 +156,17 @@ void check_bf16_nhwc_conv(std::uint64_t seed) {
       CHECK(dx == first_dx);
       CHECK(dw == first_dw);
     }
+    // x read by two convolutions: the second backward adds into x's bf16 gradient.
+    Tape twice(exec), twice_f(exec);
+    auto [xh2, xf2] = images<H, W, Cin>(2, seed + 3);
+    auto loss_of = [](Tape& t, const auto& a, const auto& b) {
+      const auto fa = nn::Flatten{}.forward(t, a), fb = nn::Flatten{}.forward(t, b);
+      return ag::sum(t, ag::map(t, cast<float>(fa) * cast<float>(fb)));
+    };
+    twice.backward(loss_of(twice, conv.template forward_fused<nn::ReLU>(twice, xh2), conv.forward(twice, xh2)));
+    twice_f.backward(
+        loss_of(twice_f, rounded.template forward_fused<nn::ReLU>(twice_f, xf2), rounded.forward(twice_f, xf2)));
+    CHECK(worst_relative(xh2.grad().data(), xf2.grad().data(), xf2.value().size()) <= 1.0 / 64);
   }
 }
 

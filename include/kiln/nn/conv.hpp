@@ -326,19 +326,19 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
                             y_size, x_bytes + y_bytes);
   {
     const int threads = tape.exec().threads();
-    scratch_vector<float> yf(static_cast<std::size_t>(y_size));
     scratch_vector<float> keep(has_act && recording ? std::size_t(y_size) : 0);
     const ConvFinish<float, Act> finish{bd ? bd->value.data() : nullptr, keep.empty() ? nullptr : keep.data(), s.c_out,
                                         ohw};
-    if constexpr (bf16_gemm) {
-      cpu::conv2d_nhwc_bf16_forward_epilogue(s, x.value().data(), low->data(), yf.data(), threads, finish);
+    if constexpr (bf16_gemm) {  // rounded into y row by row
+      cpu::conv2d_nhwc_bf16_forward_epilogue(s, x.value().data(), low->data(), out.value().data(), threads, finish);
     } else {
+      scratch_vector<float> yf(static_cast<std::size_t>(y_size));
       const auto wf = widened(low->data(), low->size(), threads);
       const auto xf = widened(x.value().data(), xs.size(), threads);
       if constexpr (nhwc) cpu::conv2d_nhwc_forward_epilogue(s, xf.data(), wf.data(), yf.data(), threads, finish);
       else cpu::conv2d_forward_epilogue(s, xf.data(), wf.data(), yf.data(), threads, finish);
+      store_rounded(out.value().data(), yf.data(), y_size, false, threads);
     }
-    store_rounded(out.value().data(), yf.data(), y_size, false, threads);
     if (!recording) return out;
     auto pre = std::make_shared<std::vector<X>>(keep.size());
     store_rounded(pre->data(), keep.data(), index_t(keep.size()), false, threads);
@@ -362,8 +362,8 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
         }
         if (xd->requires_grad) {
           exec.stats().count(kind::gemm, "conv2d_backward_data", s.n * s.c_in * s.h * s.w, x_bytes + y_bytes);
-          put_rounded_input_grad(
-              *xd, [&](float* dx) { cpu::conv2d_nhwc_bf16_backward_data(s, dy, low->data(), dx, threads); }, threads);
+          cpu::conv2d_nhwc_bf16_backward_data(s, dy, low->data(), xd->ensure_grad(), threads, xd->grad_valid);
+          xd->grad_valid = true;
         }
         const bool dw = wd->requires_grad, db = bd && bd->requires_grad;
         if (dw || db) {

@@ -106,17 +106,18 @@ void im2col_nhwc(const Conv2dShape& s, const T* x_n, index_t oh, T* col) {
   for (index_t ow = 0; ow < s.out_w(); ++ow) nhwc_patch_values(s, x_n, oh, ow, 0, k, col + ow * k);
 }
 
-// Row ih of image dx_n += col2im(dcol): the adjoint of im2col_nhwc, gathered per input pixel so
+// Row ih of an image's dx += col2im(dcol): the adjoint of im2col_nhwc, gathered per input pixel so
 // that rows are independent (split across threads even when a chunk is one image, as layer1's
 // 3x3 convolutions are). A pixel's contributions are added in the order of the output pixels
 // that read it (oh, then ow, increasing: kernel rows and columns from the last one down), the
 // order a scatter over the output pixels would add them in, so the bits do not depend on the
-// split. fresh: the row is overwritten (starting from zero) instead of added to.
+// split. fresh: the row is overwritten (starting from zero) instead of added to. dx_row: the
+// row's W * Cin values.
 template <class T>
-void col2im_nhwc_row(const Conv2dShape& s, const T* dcol, index_t ih, T* dx_n, bool fresh) {
+void col2im_nhwc_row(const Conv2dShape& s, const T* dcol, index_t ih, T* dx_row, bool fresh) {
   const index_t k = s.col_rows(), oh_n = s.out_h(), ow_n = s.out_w(), cin = s.c_in;
   for (index_t iw = 0; iw < s.w; ++iw) {
-    T* d = dx_n + (ih * s.w + iw) * cin;
+    T* d = dx_row + iw * cin;
     if (fresh) std::fill(d, d + cin, T(0));
     for (index_t i = s.kh - 1; i >= 0; --i) {
       const index_t rh = ih + s.pad_h - i * s.dil_h;
@@ -280,7 +281,8 @@ void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T*
             threads);
     detail::conv2d_parallel(cn * s.h, threads, [&](index_t r) {
       const index_t i = r / s.h;
-      detail::col2im_nhwc_row(s, dcol + i * ohw * k, r % s.h, dx + (n0 + i) * hwc, !accumulate);
+      detail::col2im_nhwc_row(s, dcol + i * ohw * k, r % s.h, dx + (n0 + i) * hwc + r % s.h * s.w * s.c_in,
+                              !accumulate);
     });
   }
 }

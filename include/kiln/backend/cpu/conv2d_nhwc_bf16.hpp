@@ -3,7 +3,7 @@
 // float outputs and gradients: mixed precision's convolution (nn::Conv2d under bf16_mixed).
 //
 //   x [N, H, W, Cin] bf16, w [Cout, Cin, KH, KW] bf16, dy [N, OH, OW, Cout] bf16;
-//   y, dx, dw, dbias float.
+//   y and dx bf16 (each value rounded once from its float sum), dw, dbias float.
 //
 // The column matrix of conv2d_nhwc.hpp (row per output pixel, patch in (i, j, c) order) in bf16,
 // chunked as there (chunks depend on the shape only, so the bits do not depend on the thread
@@ -23,20 +23,30 @@
 
 #include "kiln/backend/cpu/conv2d_nhwc.hpp"
 #include "kiln/backend/cpu/gemm.hpp"
+#include "kiln/core/bf16_bulk.hpp"
 #include "kiln/core/dtype.hpp"
 
 namespace kiln::cpu {
 
 namespace detail {
 // Scratch slots of the bf16 path's own buffers (conv2d_scratch keys on the type too).
-inline constexpr int conv_bf16_slot_w = 5, conv_bf16_slot_col = 6, conv_bf16_slot_z = 7, conv_bf16_slot_dw = 8;
+inline constexpr int conv_bf16_slot_w = 5, conv_bf16_slot_col = 6, conv_bf16_slot_z = 7, conv_bf16_slot_dw = 8,
+                     conv_bf16_slot_row = 9;
+
+// dst = round(v), or with add dst = round(float(dst) + v): n values; tmp holds n floats.
+inline void conv_bf16_store(bf16* dst, const float* v, index_t n, bool add, float* tmp) {
+  if (!add) return round_to_bf16(v, dst, n);
+  widen_bf16(dst, tmp, n);
+  for (index_t i = 0; i < n; ++i) tmp[i] += v[i];
+  round_to_bf16(tmp, dst, n);
+}
 }  // namespace detail
 
-// y = epilogue(conv(x, w)) as conv2d_nhwc_forward_epilogue: epi(row, z, y + row * Cout, Cout)
-// per output pixel with the GEMM's float values z [Cout]; an epilogue with copies_only() true is
-// not called (the GEMM writes y).
+// y = round(epilogue(conv(x, w))) as conv2d_nhwc_forward_epilogue: epi(row, z, out, Cout) per
+// output pixel with the GEMM's float values z [Cout] writes the row's float values to out, which
+// are rounded into y's row; an epilogue with copies_only() true is not called (z is rounded).
 template <class Epilogue>
-void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, const bf16* w, float* y, int threads,
+void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, const bf16* w, bf16* y, int threads,
                                        const Epilogue& epi) {
   s.check("kiln::cpu::conv2d_nhwc_bf16_forward");
   threads = detail::conv2d_threads(threads);
@@ -45,24 +55,33 @@ void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, cons
   bool direct = false;
   if constexpr (requires { { epi.copies_only() } -> std::convertible_to<bool>; }) direct = epi.copies_only();
   bf16* wp = detail::conv2d_scratch<bf16, detail::conv_bf16_slot_w>(std::size_t(s.c_out * k));
-  float* z = direct ? nullptr
-                    : detail::conv2d_scratch<float, detail::conv_bf16_slot_z>(std::size_t(chunk * ohw * s.c_out));
+  float* z = detail::conv2d_scratch<float, detail::conv_bf16_slot_z>(std::size_t(chunk * ohw * s.c_out));
   detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw, r0 = n0 * ohw;
     const bf16* col = detail::conv2d_nhwc_columns<bf16>(s, x, n0, cn, threads);
-    float* out = direct ? y + r0 * s.c_out : z;
-    gemm<bf16>(trans::no, trans::yes, rows, s.c_out, k, 1.0f, col, k, wp, k, 0.0f, out, s.c_out, threads);
-    if (direct) continue;
-    detail::conv2d_parallel(rows, threads, [&](index_t r) {
-      epi(r0 + r, z + r * s.c_out, y + (r0 + r) * s.c_out, s.c_out);
+    gemm<bf16>(trans::no, trans::yes, rows, s.c_out, k, 1.0f, col, k, wp, k, 0.0f, z, s.c_out, threads);
+    if (direct) {
+      detail::conv2d_parallel(cn, threads, [&](index_t i) {
+        round_to_bf16(z + i * ohw * s.c_out, y + (r0 + i * ohw) * s.c_out, ohw * s.c_out);
+      });
+      continue;
+    }
+    // Rows in blocks (one per thread task), each row's float values rounded while in cache.
+    constexpr index_t block = 64;
+    detail::conv2d_parallel((rows + block - 1) / block, threads, [&](index_t b) {
+      float* out = detail::conv2d_scratch<float, detail::conv_bf16_slot_row>(std::size_t(s.c_out));
+      for (index_t r = b * block; r < std::min(rows, (b + 1) * block); ++r) {
+        epi(r0 + r, z + r * s.c_out, out, s.c_out);
+        round_to_bf16(out, y + (r0 + r) * s.c_out, s.c_out);
+      }
     });
   }
 }
 
-// dx = d(sum y * dy)/dx: dcol = dY * wp (float), then col2im; dx overwritten, or added to with
-// accumulate.
-inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy, const bf16* w, float* dx,
+// dx = d(sum y * dy)/dx: dcol = dY * wp (float), then col2im in float, each value rounded once
+// into dx; dx overwritten, or with accumulate dx = round(float(dx) + value).
+inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy, const bf16* w, bf16* dx,
                                            int threads = 0, bool accumulate = false) {
   s.check("kiln::cpu::conv2d_nhwc_bf16_backward_data");
   threads = detail::conv2d_threads(threads);
@@ -70,21 +89,24 @@ inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy,
   const index_t chunk = detail::conv2d_chunk<float>(s);  // dcol is float
   const bool pointwise = detail::conv2d_nhwc_pointwise(s);
   bf16* wp = detail::conv2d_scratch<bf16, detail::conv_bf16_slot_w>(std::size_t(s.c_out * k));
-  float* dcol = pointwise ? nullptr
-                          : detail::conv2d_scratch<float, detail::conv_bf16_slot_col>(std::size_t(chunk * ohw * k));
+  float* dcol = detail::conv2d_scratch<float, detail::conv_bf16_slot_col>(std::size_t(chunk * ohw * k));
   detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
+  const index_t row_len = s.w * s.c_in;  // an input row's values
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
     const bf16* dyc = dy + n0 * ohw * s.c_out;
-    if (pointwise) {  // dcol is dx's rows
-      gemm<bf16>(trans::no, trans::no, rows, k, s.c_out, 1.0f, dyc, s.c_out, wp, k, accumulate ? 1.0f : 0.0f,
-                 dx + n0 * hwc, k, threads);
-      continue;
-    }
     gemm<bf16>(trans::no, trans::no, rows, k, s.c_out, 1.0f, dyc, s.c_out, wp, k, 0.0f, dcol, k, threads);
+    // Input row by input row: gathered (col2im) or, pointwise, dcol's rows are dx's.
     detail::conv2d_parallel(cn * s.h, threads, [&](index_t r) {
-      const index_t i = r / s.h;
-      detail::col2im_nhwc_row(s, dcol + i * ohw * k, r % s.h, dx + (n0 + i) * hwc, !accumulate);
+      const index_t i = r / s.h, ih = r % s.h;
+      float* buf = detail::conv2d_scratch<float, detail::conv_bf16_slot_row>(std::size_t(2 * row_len));
+      bf16* out = dx + (n0 + i) * hwc + ih * row_len;
+      const float* v = dcol + (i * ohw + ih * s.w) * k;  // pointwise: k == c_in, ohw == hw
+      if (!pointwise) {
+        detail::col2im_nhwc_row(s, dcol + i * ohw * k, ih, buf, true);
+        v = buf;
+      }
+      detail::conv_bf16_store(out, v, row_len, accumulate, buf + row_len);
     });
   }
 }
