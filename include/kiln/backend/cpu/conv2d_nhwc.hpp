@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <concepts>
+#include <cstring>
 
 #include "kiln/backend/cpu/conv2d.hpp"
 #include "kiln/backend/cpu/conv2d_winograd.hpp"
@@ -99,11 +100,24 @@ KILN_CONV_INLINE_COPIES void nhwc_patch_values(const Conv2dShape& s, const T* x_
       });
 }
 
-// col rows for output row oh of image x_n: OW patches of K values.
+// col rows for output row oh of image x_n: OW patches of K values. Whole patches: each run is
+// copied whole, with memcpy once it is long (Cin of 16 and up: every ResNet layer but the stem).
 template <class T>
 void im2col_nhwc(const Conv2dShape& s, const T* x_n, index_t oh, T* col) {
   const index_t k = s.col_rows();
-  for (index_t ow = 0; ow < s.out_w(); ++ow) nhwc_patch_values(s, x_n, oh, ow, 0, k, col + ow * k);
+  for (index_t ow = 0; ow < s.out_w(); ++ow) {
+    T* out = col + ow * k;
+    conv2d_nhwc_taps(
+        s, oh, ow,
+        [&](index_t p, index_t q, index_t len) {
+          if (len >= 16) std::memcpy(out + p, x_n + q, std::size_t(len) * sizeof(T));
+          else for (index_t e = 0; e < len; ++e) out[p + e] = x_n[q + e];
+        },
+        [&](index_t p, index_t len) {
+          if (len >= 16) std::memset(static_cast<void*>(out + p), 0, std::size_t(len) * sizeof(T));
+          else for (index_t e = 0; e < len; ++e) out[p + e] = T(0);
+        });
+  }
 }
 
 // Row ih of an image's dx += col2im(dcol): the adjoint of im2col_nhwc, gathered per input pixel so
