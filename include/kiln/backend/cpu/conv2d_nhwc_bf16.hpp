@@ -33,6 +33,15 @@ namespace detail {
 inline constexpr int conv_bf16_slot_w = 5, conv_bf16_slot_col = 6, conv_bf16_slot_z = 7, conv_bf16_slot_dw = 8,
                      conv_bf16_slot_row = 9;
 
+// The weight in patch order [Cout, KH*KW*Cin] (conv2d_nhwc_permute): w itself for a 1x1 kernel,
+// else permuted into scratch.
+inline const bf16* conv2d_bf16_patch_weight(const Conv2dShape& s, const bf16* w, int threads) {
+  if (s.kh * s.kw == 1) return w;
+  bf16* wp = conv2d_scratch<bf16, conv_bf16_slot_w>(std::size_t(s.c_out * s.col_rows()));
+  conv2d_nhwc_permute<true>(s, w, wp, threads);
+  return wp;
+}
+
 // dst = round(v), or with add dst = round(float(dst) + v): n values; tmp holds n floats.
 inline void conv_bf16_store(bf16* dst, const float* v, index_t n, bool add, float* tmp) {
   if (!add) return round_to_bf16(v, dst, n);
@@ -54,9 +63,8 @@ void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, cons
   const index_t chunk = detail::conv2d_chunk<bf16>(s);
   bool direct = false;
   if constexpr (requires { { epi.copies_only() } -> std::convertible_to<bool>; }) direct = epi.copies_only();
-  bf16* wp = detail::conv2d_scratch<bf16, detail::conv_bf16_slot_w>(std::size_t(s.c_out * k));
+  const bf16* wp = detail::conv2d_bf16_patch_weight(s, w, threads);
   float* z = detail::conv2d_scratch<float, detail::conv_bf16_slot_z>(std::size_t(chunk * ohw * s.c_out));
-  detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw, r0 = n0 * ohw;
     const bf16* col = detail::conv2d_nhwc_columns<bf16>(s, x, n0, cn, threads);
@@ -88,9 +96,8 @@ inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy,
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
   const index_t chunk = detail::conv2d_chunk<float>(s);  // dcol is float
   const bool pointwise = detail::conv2d_nhwc_pointwise(s);
-  bf16* wp = detail::conv2d_scratch<bf16, detail::conv_bf16_slot_w>(std::size_t(s.c_out * k));
+  const bf16* wp = detail::conv2d_bf16_patch_weight(s, w, threads);
   float* dcol = detail::conv2d_scratch<float, detail::conv_bf16_slot_col>(std::size_t(chunk * ohw * k));
-  detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
   const index_t row_len = s.w * s.c_in;  // an input row's values
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
@@ -119,14 +126,15 @@ inline void conv2d_nhwc_bf16_backward_filter(const Conv2dShape& s, const bf16* x
   threads = detail::conv2d_threads(threads);
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
   const index_t chunk = detail::conv2d_chunk<bf16>(s);
-  float* dwp = detail::conv2d_scratch<float, detail::conv_bf16_slot_dw>(std::size_t(s.c_out * k));
+  const bool pointwise_weight = s.kh * s.kw == 1;  // patch order is the weight's own: no permuting back
+  float* dwp = pointwise_weight ? dw : detail::conv2d_scratch<float, detail::conv_bf16_slot_dw>(std::size_t(s.c_out * k));
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
     const bf16* col = detail::conv2d_nhwc_columns<bf16>(s, x, n0, cn, threads);
     gemm<bf16>(trans::yes, trans::no, s.c_out, k, rows, 1.0f, dy + n0 * ohw * s.c_out, s.c_out, col, k,
                n0 == 0 ? 0.0f : 1.0f, dwp, k, threads);
   }
-  detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
+  if (!pointwise_weight) detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
   if (dbias == nullptr) return;
   constexpr index_t block = 32;  // as conv2d_nhwc_backward_filter: blocks of channels, rows in order
   const index_t rows = s.n * ohw;
