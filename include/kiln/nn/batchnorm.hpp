@@ -448,25 +448,31 @@ class BatchNorm2d {
       if constexpr (is_identity_act_v<F>) return g;
       else return float(y[i]) > 0.f ? g : 0.f;
     };
+    // Elementwise, in blocks over the executor's threads (each value independent).
     if constexpr (Half) {
       wide.resize(std::size_t(size));
-      for (index_t i = 0; i < size; ++i) wide[std::size_t(i)] = d(i);
-      if (rg) detail::store_rounded(rg, wide.data(), size, add, exec.threads());
+      float* w = wide.data();
+      detail::half_io_blocks(size, exec.threads(), [&](index_t b, index_t e) {
+        for (index_t i = b; i < e; ++i) w[i] = d(i);
+        if (rg) detail::store_rounded(rg + b, w + b, e - b, add);
+      });
       return wide.data();
     } else {
       const bool in_place = rg && !add && &rnode != xnode;
       T* dz = in_place ? rg : (own.resize(std::size_t(size)), own.data());
-      for (index_t i = 0; i < size; ++i) {
-        if constexpr (is_identity_act_v<F>) dz[i] = dy[i];
-        else dz[i] = y[i] > T(0) ? dy[i] : T(0);
-      }
-      if (rg && !in_place) {
-        if (add) {
-          for (index_t i = 0; i < size; ++i) rg[i] += dz[i];
-        } else {
-          std::copy(dz, dz + size, rg);
+      detail::half_io_blocks(size, exec.threads(), [&](index_t b, index_t e) {
+        for (index_t i = b; i < e; ++i) {
+          if constexpr (is_identity_act_v<F>) dz[i] = dy[i];
+          else dz[i] = y[i] > T(0) ? dy[i] : T(0);
         }
-      }
+        if (rg && !in_place) {
+          if (add) {
+            for (index_t i = b; i < e; ++i) rg[i] += dz[i];
+          } else {
+            std::copy(dz + b, dz + e, rg + b);
+          }
+        }
+      });
       return dz;
     }
   }

@@ -70,8 +70,16 @@ void half_io_loop(index_t n, int threads, const F& f) {
 template <class F>
 void half_io_blocks(index_t n, int threads, const F& f) {
   constexpr index_t block = 4096;
-  half_io_loop((n + block - 1) / block, n >= (index_t{1} << 15) ? threads : 1,
-               [&](index_t b) { f(b * block, std::min(n, (b + 1) * block)); });
+  const index_t blocks = (n + block - 1) / block;
+#if defined(_OPENMP)
+  if (threads > 1 && n >= (index_t{1} << 15)) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (index_t b = 0; b < blocks; ++b) f(b * block, std::min(n, (b + 1) * block));
+    return;
+  }
+#endif
+  (void)threads;
+  for (index_t b = 0; b < blocks; ++b) f(b * block, std::min(n, (b + 1) * block));
 }
 
 // n values of x as floats.

@@ -8,18 +8,21 @@
 // added in double — only vectorised across a block of channels instead of along the plane, since
 // a row of x holds C contiguous channels. So the results are batchnorm2d.hpp's, bit for bit
 // unless the compiler fuses different multiply-adds in the two loops (GCC tuned for Zen does in
-// double: last-bit differences), and do not depend on the thread count (ranges of channels are
-// split across threads, each channel computed alone).
+// double: last-bit differences), and do not depend on the thread count: the sums split the
+// images across threads and add their lanes in image order afterwards, the elementwise passes
+// split the rows (eval-mode backward, whose sums run row by row, splits the channels).
 //
 // Storage types: x, y, the residual and dy may be kiln::bf16 where T is float (mixed precision,
 // nn/half_io.hpp): values are widened as they are read and rounded once as they are written
 // (kiln/core/bf16_bulk.hpp, row by row), the arithmetic stays T — the same bits as widening the
 // whole tensor first and rounding the whole result after, without those two extra passes.
 //
-// Passes stream whole rows: a thread's range of channels is swept tile of rows by tile of rows
-// (each tile L2-resident while its blocks of 32 channels are summed), and the elementwise passes
-// walk rows in order — never one block of channels down the whole tensor, which reads 128 bytes
-// of every row and ran at a third of copy bandwidth on tensors past the caches.
+// Passes stream whole rows: an image is swept tile of rows by tile of rows (each tile
+// L2-resident while its blocks of 32 channels are summed), and the elementwise passes walk rows
+// in order — never one block of channels down the whole tensor, which reads 128 bytes of every
+// row and ran at a third of copy bandwidth on tensors past the caches. Nor do two threads share
+// the rows: with the channels split, both read every row, and at two threads the batch-norm
+// passes of a bf16 ResNet-50 step took 1.5-1.65x the CPU time of one thread's.
 #pragma once
 
 #include <algorithm>
@@ -129,77 +132,100 @@ inline void batchnorm2d_nhwc_lane_block(index_t j0, index_t j1, index_t cb, inde
     }
 }
 
-// batchnorm2d_lane_sums for channels [c0, c1) of one image at once: a[k] += sum of u, b[k] +=
-// sum of v (b only when Two; k = ch - c0) over the image's hw rows, per channel in the same
-// order — value j into lane j % 16 below hw - hw % 16, the tail and then the lanes added in
-// double. blk(k0) returns the value functor of the block starting at channel c0 + k0:
-// value(p, k, u, v) for the element p + k past that block's first element of row 0 (p = j * c).
-// lanes: scratch of 2 * 16 * (c1 - c0) values, a block's lanes together.
-template <class T, bool Two, class Blk>
-void batchnorm2d_nhwc_lane_sums(index_t hw, index_t c, index_t c0, index_t c1, double* a, double* b, T* lanes,
-                                const Blk& blk) {
+// batchnorm2d_lane_sums for every channel of every image: a[k] += sum of u, b[k] += sum of v (b
+// only when Two) over each image's hw rows, per channel in the NCHW kernel's order — value j into
+// lane j % 16 below hw - hw % 16, then the tail and then the lanes added in double. The images'
+// lanes are computed in parallel (each thread streams whole rows of its images), then added
+// serially, image by image, so the bits do not depend on the thread count. blk_of(i)(k0) returns
+// the value functor of image i's block starting at channel k0: value(p, k, u, v) for the element
+// p + k past that block's first element of row 0 (p = j * c). per_image: each image's sums start
+// from zero and are then added to a and b (batchnorm2d_backward's order); otherwise they add onto
+// a and b directly (batchnorm2d_channel_stats').
+template <class T, bool Two, class BlkOf>
+void batchnorm2d_nhwc_image_sums(index_t n, index_t hw, index_t c, double* a, double* b, bool per_image, int threads,
+                                 const BlkOf& blk_of) {
   constexpr index_t l_n = bn_nhwc_lanes, bl = bn_nhwc_block;
-  const index_t cw = c1 - c0, main = hw - hw % l_n, tile = bn_nhwc_tile_rows<T>(cw);
-  T* ua = lanes;
-  T* va = lanes + l_n * cw;
-  std::fill(lanes, lanes + (Two ? 2 : 1) * l_n * cw, T(0));
-  for (index_t j0 = 0; j0 < main; j0 += tile) {
-    const index_t j1 = std::min(main, j0 + tile);
-    for (index_t k0 = 0; k0 < cw; k0 += bl) {
-      const index_t cb = std::min(bl, cw - k0), off = k0 * l_n;
-      batchnorm2d_nhwc_lane_block<T, Two>(j0, j1, cb, c, ua + off, va + off, blk(k0));
+  const index_t main = hw - hw % l_n, tile = bn_nhwc_tile_rows<T>(c), per = (Two ? 2 : 1) * l_n * c;
+  std::vector<T> lanes(static_cast<std::size_t>(n * per), T(0));
+  batchnorm2d_channels(n, threads, [&](index_t i) {
+    T* ua = lanes.data() + i * per;
+    T* va = ua + l_n * c;
+    const auto blk = blk_of(i);
+    for (index_t j0 = 0; j0 < main; j0 += tile) {
+      const index_t j1 = std::min(main, j0 + tile);
+      for (index_t k0 = 0; k0 < c; k0 += bl) {
+        const index_t cb = std::min(bl, c - k0), off = k0 * l_n;
+        batchnorm2d_nhwc_lane_block<T, Two>(j0, j1, cb, c, ua + off, va + off, blk(k0));
+      }
     }
-  }
-  const auto value = blk(0);
-  for (index_t j = main; j < hw; ++j)
-    for (index_t k = 0; k < cw; ++k) {
-      T u, v;
-      value(j * c, k, u, v);
-      a[k] += double(u);
-      if constexpr (Two) b[k] += double(v);
+  });
+  std::vector<double> own(per_image ? std::size_t(2 * c) : 0);
+  for (index_t i = 0; i < n; ++i) {
+    double* ai = per_image ? own.data() : a;
+    double* bi = per_image ? own.data() + c : b;
+    if (per_image) std::fill(own.begin(), own.end(), 0.0);
+    const auto value = blk_of(i)(0);
+    for (index_t j = main; j < hw; ++j)
+      for (index_t k = 0; k < c; ++k) {
+        T u, v;
+        value(j * c, k, u, v);
+        ai[k] += double(u);
+        if constexpr (Two) bi[k] += double(v);
+      }
+    const T* ua = lanes.data() + i * per;
+    const T* va = ua + l_n * c;
+    for (index_t k0 = 0; k0 < c; k0 += bl) {
+      const index_t cb = std::min(bl, c - k0), off = k0 * l_n;
+      for (index_t l = 0; l < l_n; ++l)
+        for (index_t k = 0; k < cb; ++k) {
+          ai[k0 + k] += double(ua[off + l * cb + k]);
+          if constexpr (Two) bi[k0 + k] += double(va[off + l * cb + k]);
+        }
     }
-  for (index_t k0 = 0; k0 < cw; k0 += bl) {
-    const index_t cb = std::min(bl, cw - k0), off = k0 * l_n;
-    for (index_t l = 0; l < l_n; ++l)
-      for (index_t k = 0; k < cb; ++k) {
-        a[k0 + k] += double(ua[off + l * cb + k]);
-        if constexpr (Two) b[k0 + k] += double(va[off + l * cb + k]);
+    if (per_image)
+      for (index_t k = 0; k < c; ++k) {
+        a[k] += ai[k];
+        if constexpr (Two) b[k] += bi[k];
       }
   }
 }
 
-// Mean and biased variance of channels [c0, c1) (indexed ch - c0): batchnorm2d_channel_stats per
-// channel.
+// Mean and biased variance of every channel: batchnorm2d_channel_stats per channel.
 template <class T, class X>
-void batchnorm2d_nhwc_stats(index_t n, index_t c, index_t hw, const X* x, index_t c0, index_t c1,
-                            double* mean, double* var) {
-  const index_t cw = c1 - c0;
-  const auto ucw = static_cast<std::size_t>(cw);
-  std::vector<double> sum(ucw, 0.0), sq(ucw, 0.0), shift(ucw, 0.0);
-  std::vector<T> lanes(static_cast<std::size_t>(2 * bn_nhwc_lanes * cw)), mu(static_cast<std::size_t>(cw));
-  for (index_t i = 0; i < n; ++i) {
-    const X* xi = x + i * hw * c + c0;
-    batchnorm2d_nhwc_lane_sums<T, false>(hw, c, c0, c1, sum.data(), nullptr, lanes.data(), [xi](index_t k0) {
+void batchnorm2d_nhwc_stats(index_t n, index_t c, index_t hw, const X* x, double* mean, double* var, int threads) {
+  const auto uc = static_cast<std::size_t>(c);
+  std::vector<double> sum(uc, 0.0), sq(uc, 0.0), shift(uc, 0.0);
+  std::vector<T> mu(uc);
+  batchnorm2d_nhwc_image_sums<T, false>(n, hw, c, sum.data(), nullptr, false, threads, [&](index_t i) {
+    return [xi = x + i * hw * c](index_t k0) {
       return [p0 = xi + k0](index_t p, index_t k, T& u, T&) { u = T(p0[p + k]); };
-    });
-  }
+    };
+  });
   const double m = double(n * hw);
-  for (index_t k = 0; k < cw; ++k) mu[std::size_t(k)] = T(mean[k] = sum[std::size_t(k)] / m);
-  for (index_t i = 0; i < n; ++i) {
-    const X* xi = x + i * hw * c + c0;
-    batchnorm2d_nhwc_lane_sums<T, true>(hw, c, c0, c1, sq.data(), shift.data(), lanes.data(), [&](index_t k0) {
-      return [p0 = xi + k0, m0 = mu.data() + k0](index_t p, index_t k, T& u, T& v) {
+  for (index_t k = 0; k < c; ++k) mu[std::size_t(k)] = T(mean[k] = sum[std::size_t(k)] / m);
+  batchnorm2d_nhwc_image_sums<T, true>(n, hw, c, sq.data(), shift.data(), false, threads, [&](index_t i) {
+    return [xi = x + i * hw * c, m = mu.data()](index_t k0) {
+      return [p0 = xi + k0, m0 = m + k0](index_t p, index_t k, T& u, T& v) {
         const T d = T(p0[p + k]) - m0[k];
         u = d * d;
         v = d;
       };
-    });
-  }
+    };
+  });
   // mu is mean rounded to T: sum((x - mu)^2) / m - (sum(x - mu) / m)^2 corrects for it.
-  for (index_t k = 0; k < cw; ++k) {
+  for (index_t k = 0; k < c; ++k) {
     const double dm = shift[std::size_t(k)] / m;
     var[k] = std::max(0.0, sq[std::size_t(k)] / m - dm * dm);
   }
+}
+
+// f(r0, r1) for contiguous ranges of the rows [0, rows), one per thread: the elementwise passes,
+// each thread streaming whole rows (a split of the channels had both threads read every row,
+// and each one's lines brought the other's in with them).
+template <class F>
+void batchnorm2d_nhwc_row_parts(index_t rows, int threads, const F& f) {
+  const index_t parts = std::clamp<index_t>(threads, 1, std::max<index_t>(rows / 64, 1));
+  batchnorm2d_channels(parts, threads, [&](index_t p) { f(rows * p / parts, rows * (p + 1) / parts); });
 }
 
 // y = act((x - mean) * scale + shift [+ res]) in T over channels [c0, c1), as
@@ -268,12 +294,12 @@ void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const X* x
   KILN_CHECK((running_mean == nullptr) == (running_var == nullptr), ValueError, fn,
              ": running_mean and running_var must both be given or both be null");
   const double m = double(n * hw);
-  detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
-    const std::size_t cw = std::size_t(c1 - c0);
-    std::vector<double> mean(cw), var(cw), scale(cw), shift(cw);
-    detail::batchnorm2d_nhwc_stats<T>(n, c, hw, x, c0, c1, mean.data(), var.data());
+  const std::size_t cw = std::size_t(c);
+  std::vector<double> mean(cw), var(cw), scale(cw), shift(cw);
+  detail::batchnorm2d_nhwc_stats<T>(n, c, hw, x, mean.data(), var.data(), threads);
+  {
     for (std::size_t k = 0; k < cw; ++k) {
-      const index_t ch = c0 + index_t(k);
+      const index_t ch = index_t(k);
       const double invstd = 1.0 / std::sqrt(var[k] + eps);
       scale[k] = invstd * (gamma ? double(gamma[ch]) : 1.0);
       shift[k] = beta ? double(beta[ch]) : 0.0;
@@ -286,8 +312,10 @@ void batchnorm2d_nhwc_train_forward(index_t n, index_t c, index_t hw, const X* x
       if (save_invstd) save_invstd[ch] = T(invstd);
       if (save_scale) save_scale[ch] = T(scale[k]);
     }
-    detail::batchnorm2d_nhwc_affine<T>(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
-                                       act, residual);
+  }
+  detail::batchnorm2d_nhwc_row_parts(n * hw, threads, [&](index_t r0, index_t r1) {
+    detail::batchnorm2d_nhwc_affine<T>(r1 - r0, c, x + r0 * c, 0, c, mean.data(), scale.data(), shift.data(),
+                                       y + r0 * c, act, residual ? residual + r0 * c : nullptr);
   });
 }
 
@@ -306,18 +334,18 @@ void batchnorm2d_nhwc_eval_forward(index_t n, index_t c, index_t hw, const X* x,
   detail::batchnorm2d_check_eps(fn, eps);
   KILN_CHECK(running_mean != nullptr && running_var != nullptr, ValueError, fn,
              ": eval mode needs running_mean and running_var");
-  detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
-    const std::size_t cw = std::size_t(c1 - c0);
-    std::vector<double> mean(cw), scale(cw), shift(cw);
-    for (std::size_t k = 0; k < cw; ++k) {
-      const index_t ch = c0 + index_t(k);
-      mean[k] = double(running_mean[ch]);
-      scale[k] = 1.0 / std::sqrt(double(running_var[ch]) + eps) * (gamma ? double(gamma[ch]) : 1.0);
-      shift[k] = beta ? double(beta[ch]) : 0.0;
-      if (save_scale) save_scale[ch] = T(scale[k]);
-    }
-    detail::batchnorm2d_nhwc_affine<T>(n * hw, c, x, c0, c1, mean.data(), scale.data(), shift.data(), y,
-                                       act, residual);
+  const std::size_t cw = std::size_t(c);
+  std::vector<double> mean(cw), scale(cw), shift(cw);
+  for (std::size_t k = 0; k < cw; ++k) {
+    const index_t ch = index_t(k);
+    mean[k] = double(running_mean[ch]);
+    scale[k] = 1.0 / std::sqrt(double(running_var[ch]) + eps) * (gamma ? double(gamma[ch]) : 1.0);
+    shift[k] = beta ? double(beta[ch]) : 0.0;
+    if (save_scale) save_scale[ch] = T(scale[k]);
+  }
+  detail::batchnorm2d_nhwc_row_parts(n * hw, threads, [&](index_t r0, index_t r1) {
+    detail::batchnorm2d_nhwc_affine<T>(r1 - r0, c, x + r0 * c, 0, c, mean.data(), scale.data(), shift.data(),
+                                       y + r0 * c, act, residual ? residual + r0 * c : nullptr);
   });
 }
 
@@ -328,14 +356,11 @@ void batchnorm2d_nhwc_apply(index_t n, index_t c, index_t hw, const T* x, const 
                             const T* shift, T* y, int threads = 1, Act act = {}) {
   static_assert(detail::batchnorm_type_ok<T>, "kiln::cpu::batchnorm2d_nhwc_apply: T must be float or double");
   detail::batchnorm2d_check_sizes("kiln::cpu::batchnorm2d_nhwc_apply", n, c, hw);
-  detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
-    const std::size_t cw = std::size_t(c1 - c0);
-    std::vector<double> m(cw), a(cw), b(cw);  // exact: T -> double -> T is the identity
-    for (std::size_t k = 0; k < cw; ++k) {
-      const index_t ch = c0 + index_t(k);
-      m[k] = double(mean[ch]), a[k] = double(scale[ch]), b[k] = double(shift[ch]);
-    }
-    detail::batchnorm2d_nhwc_affine<T>(n * hw, c, x, c0, c1, m.data(), a.data(), b.data(), y, act);
+  const std::size_t cw = std::size_t(c);
+  std::vector<double> m(cw), a(cw), b(cw);  // exact: T -> double -> T is the identity
+  for (std::size_t k = 0; k < cw; ++k) m[k] = double(mean[k]), a[k] = double(scale[k]), b[k] = double(shift[k]);
+  detail::batchnorm2d_nhwc_row_parts(n * hw, threads, [&](index_t r0, index_t r1) {
+    detail::batchnorm2d_nhwc_affine<T>(r1 - r0, c, x + r0 * c, 0, c, m.data(), a.data(), b.data(), y + r0 * c, act);
   });
 }
 
@@ -356,66 +381,59 @@ void batchnorm2d_nhwc_backward(index_t n, index_t c, index_t hw, const X* x, con
   KILN_CHECK(save_mean != nullptr && save_invstd != nullptr, ValueError, fn,
              ": needs save_mean and save_invstd from batchnorm2d_nhwc_train_forward");
   const double m = double(n * hw);
-  detail::batchnorm2d_nhwc_parts(c, threads, [&](index_t c0, index_t c1) {
-    const index_t cw = c1 - c0;
-    std::vector<T> consts(std::size_t(6 * cw)), lanes(std::size_t(2 * detail::bn_nhwc_lanes * cw));
-    // Per channel k = ch - c0 of the range.
-    T* zm = consts.data();
-    T* zs = zm + cw;
-    T* zb = zs + cw;
-    T* kk = zb + cw;
-    T* mean_dy = kk + cw;
-    T* slope = mean_dy + cw;
-    for (index_t k = 0; k < cw; ++k) {
-      const index_t ch = c0 + k;
-      const double g = gamma ? double(gamma[ch]) : 1.0;
-      zm[k] = save_mean[ch];  // T(double(save_mean)) == save_mean
-      zs[k] = T(double(save_invstd[ch]) * g);
-      zb[k] = T(beta ? double(beta[ch]) : 0.0);
-    }
-    std::vector<double> sums(std::size_t(4 * cw));
-    double* sum_dy = sums.data();
-    double* sum_dy_xm = sum_dy + cw;
-    double* a = sum_dy_xm + cw;
-    double* b = a + cw;
-    for (index_t i = 0; i < n; ++i) {
-      std::fill(a, a + 2 * cw, 0.0);  // per image, then added: batchnorm2d_backward's order
-      const index_t e0 = i * hw * c + c0;
-      // dz: dy, or dy * act'(z) with z recomputed as the forward; then dz and dz * (x - mean).
-      detail::batchnorm2d_nhwc_lane_sums<T, true>(hw, c, c0, c1, a, b, lanes.data(), [&](index_t k0) {
-        return [xk = x + e0 + k0, dyk = dy + e0 + k0, mk = zm + k0, sk = zs + k0, bk = zb + k0, act](
-                   index_t p, index_t k, T& u, T& v) {
-          const T xm = T(xk[p + k]) - mk[k];
-          if constexpr (!std::is_same_v<Act, NoActivation>) u = T(T(dyk[p + k]) * act.d(T(xm * sk[k] + bk[k])));
-          else u = T(dyk[p + k]);
-          v = u * xm;
-        };
-      });
-      for (index_t k = 0; k < cw; ++k) sum_dy[k] += a[k], sum_dy_xm[k] += b[k];
-    }
-    for (index_t k = 0; k < cw; ++k) {
-      const index_t ch = c0 + k;
-      const double invstd = double(save_invstd[ch]), g = gamma ? double(gamma[ch]) : 1.0;
-      const double sum_dy_xhat = sum_dy_xm[k] * invstd;
-      if (dbeta) dbeta[ch] = T(sum_dy[k]);
-      if (dgamma) dgamma[ch] = T(sum_dy_xhat);
-      kk[k] = T(g * invstd), mean_dy[k] = T(sum_dy[k] / m), slope[k] = T(invstd * sum_dy_xhat / m);
-    }
-    if (!dx) return;
-    // dx may be dy's own storage (in place, element by element); the constants are restrict,
-    // being nobody else's memory.
-    auto row = [&](T* dxr, const T* xr, const T* dyr, const T* __restrict c_m,
-                   const T* __restrict c_s, const T* __restrict c_b, const T* __restrict c_k,
-                   const T* __restrict c_mdy, const T* __restrict c_sl) {
-      for (index_t k = 0; k < cw; ++k) {
-        T d = dyr[k];
-        if constexpr (has_act) d = T(d * act.d(T((xr[k] - c_m[k]) * c_s[k] + c_b[k])));
-        dxr[k] = c_k[k] * (d - c_mdy[k] - (xr[k] - c_m[k]) * c_sl[k]);
-      }
+  const index_t cw = c;
+  std::vector<T> consts(std::size_t(6 * cw));
+  T* zm = consts.data();
+  T* zs = zm + cw;
+  T* zb = zs + cw;
+  T* kk = zb + cw;
+  T* mean_dy = kk + cw;
+  T* slope = mean_dy + cw;
+  for (index_t k = 0; k < cw; ++k) {
+    const double g = gamma ? double(gamma[k]) : 1.0;
+    zm[k] = save_mean[k];  // T(double(save_mean)) == save_mean
+    zs[k] = T(double(save_invstd[k]) * g);
+    zb[k] = T(beta ? double(beta[k]) : 0.0);
+  }
+  std::vector<double> sums(std::size_t(2 * cw), 0.0);
+  double* sum_dy = sums.data();
+  double* sum_dy_xm = sum_dy + cw;
+  // dz: dy, or dy * act'(z) with z recomputed as the forward; then dz and dz * (x - mean), per
+  // image from zero and then added (batchnorm2d_backward's order).
+  detail::batchnorm2d_nhwc_image_sums<T, true>(n, hw, c, sum_dy, sum_dy_xm, true, threads, [&](index_t i) {
+    return [&, e0 = i * hw * c](index_t k0) {
+      return [xk = x + e0 + k0, dyk = dy + e0 + k0, mk = zm + k0, sk = zs + k0, bk = zb + k0, act](
+                 index_t p, index_t k, T& u, T& v) {
+        const T xm = T(xk[p + k]) - mk[k];
+        if constexpr (!std::is_same_v<Act, NoActivation>) u = T(T(dyk[p + k]) * act.d(T(xm * sk[k] + bk[k])));
+        else u = T(dyk[p + k]);
+        v = u * xm;
+      };
     };
+  });
+  for (index_t k = 0; k < cw; ++k) {
+    const double invstd = double(save_invstd[k]), g = gamma ? double(gamma[k]) : 1.0;
+    const double sum_dy_xhat = sum_dy_xm[k] * invstd;
+    if (dbeta) dbeta[k] = T(sum_dy[k]);
+    if (dgamma) dgamma[k] = T(sum_dy_xhat);
+    kk[k] = T(g * invstd), mean_dy[k] = T(sum_dy[k] / m), slope[k] = T(invstd * sum_dy_xhat / m);
+  }
+  if (!dx) return;
+  // dx may be dy's own storage (in place, element by element); the constants are restrict,
+  // being nobody else's memory.
+  auto row = [&](T* dxr, const T* xr, const T* dyr, const T* __restrict c_m, const T* __restrict c_s,
+                 const T* __restrict c_b, const T* __restrict c_k, const T* __restrict c_mdy,
+                 const T* __restrict c_sl) {
+    for (index_t k = 0; k < cw; ++k) {
+      T d = dyr[k];
+      if constexpr (has_act) d = T(d * act.d(T((xr[k] - c_m[k]) * c_s[k] + c_b[k])));
+      dxr[k] = c_k[k] * (d - c_mdy[k] - (xr[k] - c_m[k]) * c_sl[k]);
+    }
+  };
+  detail::batchnorm2d_nhwc_row_parts(n * hw, threads, [&](index_t r0, index_t r1) {
     if constexpr (std::is_same_v<X, T> && std::is_same_v<G, T> && std::is_same_v<D, T>) {
-      for (index_t r = 0; r < n * hw; ++r) {
-        const index_t e = r * c + c0;
+      for (index_t r = r0; r < r1; ++r) {
+        const index_t e = r * c;
         row(dx + e, x + e, dy + e, zm, zs, zb, kk, mean_dy, slope);
       }
     } else {
@@ -423,8 +441,8 @@ void batchnorm2d_nhwc_backward(index_t n, index_t c, index_t hw, const X* x, con
       T* xb = rows_buf.data();
       T* gb = xb + cw;
       T* db = gb + cw;
-      for (index_t r = 0; r < n * hw; ++r) {
-        const index_t e = r * c + c0;
+      for (index_t r = r0; r < r1; ++r) {
+        const index_t e = r * c;
         const T* xr = detail::bn_row_as<T>(x + e, cw, xb);
         const T* gr = detail::bn_row_as<T>(dy + e, cw, gb);
         row(detail::bn_row_target<T>(dx + e, db), xr, gr, zm, zs, zb, kk, mean_dy, slope);

@@ -69,17 +69,17 @@ void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, cons
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw, r0 = n0 * ohw;
     const bf16* col = detail::conv2d_nhwc_columns<bf16>(s, x, n0, cn, threads);
     gemm<bf16>(trans::no, trans::yes, rows, s.c_out, k, 1.0f, col, k, wp, k, 0.0f, z, s.c_out, threads);
-    if (direct) {
-      detail::conv2d_parallel(cn, threads, [&](index_t i) {
-        round_to_bf16(z + i * ohw * s.c_out, y + (r0 + i * ohw) * s.c_out, ohw * s.c_out);
-      });
-      continue;
-    }
-    // Rows in blocks (one per thread task), each row's float values rounded while in cache.
+    // Rows in blocks (one per thread task; a chunk is often one image), each row's float values
+    // rounded while in cache.
     constexpr index_t block = 64;
     detail::conv2d_parallel((rows + block - 1) / block, threads, [&](index_t b) {
+      const index_t end = std::min(rows, (b + 1) * block);
+      if (direct) {
+        round_to_bf16(z + b * block * s.c_out, y + (r0 + b * block) * s.c_out, (end - b * block) * s.c_out);
+        return;
+      }
       float* out = detail::conv2d_scratch<float, detail::conv_bf16_slot_row>(std::size_t(s.c_out));
-      for (index_t r = b * block; r < std::min(rows, (b + 1) * block); ++r) {
+      for (index_t r = b * block; r < end; ++r) {
         epi(r0 + r, z + r * s.c_out, out, s.c_out);
         round_to_bf16(out, y + (r0 + r) * s.c_out, s.c_out);
       }
