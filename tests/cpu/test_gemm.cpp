@@ -348,6 +348,47 @@ TEST_CASE("gemm_bf16_path: native only where compiled in; native flushes denorma
   CHECK(kiln::cpu::current_gemm_bf16_path() == before);
 }
 
+TEST_CASE("gemm_rounded: bf16 C is gemm's float C rounded once, on every bf16 path") {
+  using kiln::cpu::gemm_bf16_path;
+  std::vector<gemm_bf16_path> paths{gemm_bf16_path::emulate};
+  if (kiln::cpu::gemm_have_bf16_native) paths.push_back(gemm_bf16_path::native);
+  if (kiln::cpu::gemm_have_bf16_amx()) paths.push_back(gemm_bf16_path::amx);
+  const index_t shapes[][3] = {{1, 1, 1}, {31, 33, 17}, {64, 64, 64}, {70, 96, 576}, {300, 40, 1001}, {33, 70, 2500}};
+  std::uint64_t seed = 3;
+  for (gemm_bf16_path path : paths) {
+    const bf16_path_scope scope(path);
+    for (trans ta : both)
+      for (trans tb : both)
+        for (const auto& sh : shapes) {
+          const index_t m = sh[0], n = sh[1], k = sh[2];
+          INFO(path_name(path) << " m " << m << " n " << n << " k " << k << (ta == trans::yes ? " A^T" : "")
+                               << (tb == trans::yes ? " B^T" : ""));
+          std::mt19937_64 rng(seed++);
+          std::uniform_real_distribution<float> dist(-1.f, 1.f);
+          std::vector<kiln::bf16> a(std::size_t(m * k)), b(std::size_t(k * n));
+          for (auto& v : a) v = kiln::bf16(dist(rng));
+          for (auto& v : b) v = kiln::bf16(dist(rng));
+          const index_t lda = ta == trans::yes ? m : k, ldb = tb == trans::yes ? k : n, ldc = n + 3;
+          std::vector<float> want(std::size_t(m * n));
+          kiln::cpu::gemm_own(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, want.data(), n, 2);
+          std::vector<kiln::bf16> got(std::size_t(m * ldc), kiln::bf16(7.0f));
+          kiln::cpu::gemm_rounded(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, got.data(), ldc, 2);
+          index_t off = 0, exact = 0;
+          for (index_t i = 0; i < m; ++i)
+            for (index_t j = 0; j < n; ++j) {
+              const float w = want[std::size_t(i * n + j)], g = float(got[std::size_t(i * ldc + j)]);
+              exact += g == float(kiln::bf16(w)) ? 1 : 0;
+              // k within one block: the same sum, rounded; past it, a sum in another order.
+              off += std::abs(g - w) > std::abs(w) * 0x1p-7f + 1e-5f ? 1 : 0;
+            }
+          CHECK(off == 0);
+          if (k <= 512) CHECK(exact == m * n);
+          for (index_t i = 0; i < m; ++i)  // the padding between rows is not written
+            for (index_t j = n; j < ldc; ++j) CHECK(float(got[std::size_t(i * ldc + j)]) == 7.0f);
+        }
+  }
+}
+
 TEST_CASE("gemm with f16 inputs runs on the own kernel whatever the backend") {
   const kiln::f16 a[2] = {kiln::f16(1.5f), kiln::f16(2.0f)};
   const kiln::f16 b[2] = {kiln::f16(4.0f), kiln::f16(-1.0f)};

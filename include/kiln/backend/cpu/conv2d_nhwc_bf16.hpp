@@ -53,7 +53,8 @@ inline void conv_bf16_store(bf16* dst, const float* v, index_t n, bool add, floa
 
 // y = round(epilogue(conv(x, w))) as conv2d_nhwc_forward_epilogue: epi(row, z, out, Cout) per
 // output pixel with the GEMM's float values z [Cout] writes the row's float values to out, which
-// are rounded into y's row; an epilogue with copies_only() true is not called (z is rounded).
+// are rounded into y's row; an epilogue with copies_only() true is not called (gemm_rounded
+// writes y: the sums over the whole patch, each rounded once).
 template <class Epilogue>
 void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, const bf16* w, bf16* y, int threads,
                                        const Epilogue& epi) {
@@ -64,20 +65,21 @@ void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, cons
   bool direct = false;
   if constexpr (requires { { epi.copies_only() } -> std::convertible_to<bool>; }) direct = epi.copies_only();
   const bf16* wp = detail::conv2d_bf16_patch_weight(s, w, threads);
-  float* z = detail::conv2d_scratch<float, detail::conv_bf16_slot_z>(std::size_t(chunk * ohw * s.c_out));
+  float* z = direct ? nullptr
+                    : detail::conv2d_scratch<float, detail::conv_bf16_slot_z>(std::size_t(chunk * ohw * s.c_out));
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw, r0 = n0 * ohw;
     const bf16* col = detail::conv2d_nhwc_columns<bf16>(s, x, n0, cn, threads);
+    if (direct) {  // y is the sums rounded (on AMX, as they leave the tiles)
+      gemm_rounded<bf16>(trans::no, trans::yes, rows, s.c_out, k, col, k, wp, k, y + r0 * s.c_out, s.c_out, threads);
+      continue;
+    }
     gemm<bf16>(trans::no, trans::yes, rows, s.c_out, k, 1.0f, col, k, wp, k, 0.0f, z, s.c_out, threads);
     // Rows in blocks (one per thread task; a chunk is often one image), each row's float values
     // rounded while in cache.
     constexpr index_t block = 64;
     detail::conv2d_parallel((rows + block - 1) / block, threads, [&](index_t b) {
       const index_t end = std::min(rows, (b + 1) * block);
-      if (direct) {
-        round_to_bf16(z + b * block * s.c_out, y + (r0 + b * block) * s.c_out, (end - b * block) * s.c_out);
-        return;
-      }
       float* out = detail::conv2d_scratch<float, detail::conv_bf16_slot_row>(std::size_t(s.c_out));
       for (index_t r = b * block; r < end; ++r) {
         epi(r0 + r, z + r * s.c_out, out, s.c_out);
@@ -102,6 +104,10 @@ inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy,
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
     const bf16* dyc = dy + n0 * ohw * s.c_out;
+    if (pointwise && !accumulate) {  // dx's rows are dcol's, rounded
+      gemm_rounded<bf16>(trans::no, trans::no, rows, k, s.c_out, dyc, s.c_out, wp, k, dx + n0 * hwc, k, threads);
+      continue;
+    }
     gemm<bf16>(trans::no, trans::no, rows, k, s.c_out, 1.0f, dyc, s.c_out, wp, k, 0.0f, dcol, k, threads);
     // Input row by input row: gathered (col2im) or, pointwise, dcol's rows are dx's.
     detail::conv2d_parallel(cn * s.h, threads, [&](index_t r) {

@@ -18,8 +18,10 @@
 
 #include <atomic>
 #include <type_traits>
+#include <vector>
 
 #include "kiln/config.hpp"
+#include "kiln/core/bf16_bulk.hpp"
 #include "kiln/core/dtype.hpp"
 #include "kiln/core/error.hpp"
 
@@ -278,6 +280,32 @@ void gemm(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alp
                         n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
 }
 
+// C = round_bf16(op(A) * op(B)) for bf16 A, B and C: each value rounded once from its float sum
+// (the sum gemm() forms over k in one block: for k past the kernel's block, the last bits may
+// differ from gemm()'s). On AMX the tiles are rounded as they leave the kernel — no float C in
+// memory, which for a convolution's output is 4 bytes written and read back per value; other
+// kernels run gemm() into scratch and round. Same requirements as gemm_own; threads likewise.
+template <class T>
+void gemm_rounded(trans ta, trans tb, index_t m, index_t n, index_t k, const T* a, index_t lda, const T* b,
+                  index_t ldb, T* c, index_t ldc, int threads = 0) {
+  static_assert(std::is_same_v<T, bf16>, "kiln::cpu::gemm_rounded: T must be kiln::bf16");
+  const bool at = ta == trans::yes, bt = tb == trans::yes;
+  detail::check_gemm_args("kiln::cpu::gemm_rounded", at, bt, m, n, k, a, lda, b, ldb, c, ldc, threads);
+#if KILN_GEMM_BF16_AMX
+  if (current_gemm_bf16_path() == gemm_bf16_path::amx && k > 0) {
+    detail::gemm_problem<bf16, float> g{m, n, k, 1.0f, 0.0f, a, at ? 1 : lda, at ? lda : 1,
+                                        b, bt ? 1 : ldb, bt ? ldb : 1, nullptr, ldc, 1};
+    g.c_low = c;
+    detail::gemm_blocked<detail::gemm_kernel_amx>(g, threads);
+    return;
+  }
+#endif
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < std::size_t(m * n)) scratch.resize(std::size_t(m * n));
+  gemm_own<bf16>(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, scratch.data(), n, threads);
+  for (index_t i = 0; i < m; ++i) round_to_bf16(scratch.data() + i * n, c + i * ldc, n);
+}
+
 // C = op(A) * op(B) + beta * C where op(A), m x k, packs its own panels (detail::gemm_a_source:
 // rows [r0, r0 + rows) x columns [p0, p0 + kc) into panels of gemm_source_rows<T> rows, k-major,
 // padding rows zero) instead of being read from memory — an implicit matrix, such as a
@@ -314,7 +342,11 @@ void gemm_with_a_source(index_t m, index_t n, index_t k, const detail::gemm_a_so
 #define KILN_CPU_GEMM_SOURCE_INSTANCES(EXTERN, T)                                                    \
   EXTERN template void gemm_with_a_source<T>(index_t, index_t, index_t, const detail::gemm_a_source<T>&, trans, \
                                              const T*, index_t, T, T*, index_t, int);
+#define KILN_CPU_GEMM_ROUNDED_INSTANCES(EXTERN) \
+  EXTERN template void gemm_rounded<bf16>(trans, trans, index_t, index_t, index_t, const bf16*, index_t, const bf16*, \
+                                          index_t, bf16*, index_t, int);
 #if KILN_EXTERN_KERNELS
+KILN_CPU_GEMM_ROUNDED_INSTANCES(extern)
 KILN_CPU_GEMM_SOURCE_INSTANCES(extern, float)
 KILN_CPU_GEMM_SOURCE_INSTANCES(extern, double)
 KILN_CPU_GEMM_INSTANCES(extern, float)

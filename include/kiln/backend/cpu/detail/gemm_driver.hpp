@@ -20,6 +20,7 @@
 #include "kiln/backend/cpu/detail/gemm_kernel.hpp"
 #include "kiln/backend/cpu/detail/gemm_pack.hpp"
 #include "kiln/config.hpp"
+#include "kiln/core/dtype.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -119,6 +120,10 @@ struct gemm_problem {
   index_t b_ks, b_js;
   Acc* c;
   index_t c_rs, c_cs;
+  // Where set (a kernel with tile_rounded, alpha 1, beta 0, C row-major): C is written here
+  // instead, each value rounded to bf16 from its sum over the whole of k (one k block), and c
+  // is not used.
+  bf16* c_low = nullptr;
 };
 
 // The same product written as C^T = op(B)^T op(A)^T.
@@ -135,6 +140,7 @@ gemm_problem<T, Acc> transposed(const gemm_problem<T, Acc>& g) {
 //   packed_k(k)              packed elements per panel row for k values of k
 //   pack_a / pack_b(rows, k, src, rs, cs, dst)     gemm_pack.hpp's contract, panels of mr / nr
 //   tile(k, ap, bp, c, rs_c, cs_c, alpha, beta, mr, nr)  microkernel's contract
+//   tile_rounded(k, ap, bp, c_low, rs_c, mr, nr)   optional: C = round_bf16(Ap * Bp) (c_low above)
 // gemm_kernel_fp: inputs converted to Acc while packing, multiplied in Acc (f16 and bf16 inputs
 // this way are the exact emulation: their products are exact in float). The bf16 kernel is
 // gemm_kernel_bf16 (gemm_kernel_bf16.hpp).
@@ -281,9 +287,16 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
         for (index_t jp = cols.begin; jp < cols.end; ++jp) {
           const int nr = static_cast<int>(std::min<index_t>(NR, nc - jp * NR));
           const typename K::packed* bp = bbuf + jp * NR * kw;
-          Acc* cj = g.c + ic * g.c_rs + (jc + jp * NR) * g.c_cs;
+          Acc* cj = g.c ? g.c + ic * g.c_rs + (jc + jp * NR) * g.c_cs : nullptr;  // null: c_low is written
           for (index_t ip = 0; ip * MR < mc; ++ip) {
             const int mr = static_cast<int>(std::min<index_t>(MR, mc - ip * MR));
+            if constexpr (requires { K::tile_rounded(kc, abuf, bp, g.c_low, g.c_rs, mr, nr); }) {
+              if (g.c_low) {
+                K::tile_rounded(kc, abuf + ip * MR * kw, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs,
+                                mr, nr);
+                continue;
+              }
+            }
             K::tile(kc, abuf + ip * MR * kw, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha,
                     beta, mr, nr);
           }
@@ -311,13 +324,16 @@ void gemm_blocked(gemm_problem<T, Acc> g, int threads, const gemm_tuning& tuning
     scale_c(g.m, g.n, g.beta, g.c, g.c_rs);
     return;
   }
-  if (a_src == nullptr && (tuning.orientation == 0 ? prefer_transposed<K>(g.m, g.n) : tuning.orientation == 2))
+  if (a_src == nullptr && g.c_low == nullptr &&
+      (tuning.orientation == 0 ? prefer_transposed<K>(g.m, g.n) : tuning.orientation == 2))
     g = transposed(g);
   int team = gemm_team_size(threads, g.m, g.n, g.k);
 #ifdef _OPENMP
   if (tuning.team > 0) team = omp_in_parallel() ? 1 : tuning.team;
 #endif
-  const gemm_plan plan = make_gemm_plan<K>(g.m, g.n, g.k, team, tuning.kc > 0 ? tuning.kc : K::kc);
+  // Rounded output: the whole of k in one block, each value rounded once from its whole sum.
+  const index_t kc_max = g.c_low ? round_up(g.k, K::kstep) : tuning.kc > 0 ? tuning.kc : K::kc;
+  const gemm_plan plan = make_gemm_plan<K>(g.m, g.n, g.k, team, kc_max);
 
   // Workspace: the shared B block, then one A block per thread, each 64-byte aligned.
   const index_t b_len = gemm_b_length<K>(plan), a_len = gemm_a_length<K>(plan);

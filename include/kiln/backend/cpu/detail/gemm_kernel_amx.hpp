@@ -27,6 +27,7 @@
 #endif
 
 #include "kiln/backend/cpu/detail/gemm_kernel_bf16.hpp"
+#include "kiln/core/bf16_bulk.hpp"
 
 #if KILN_GEMM_BF16_NATIVE && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #define KILN_GEMM_BF16_AMX 1
@@ -181,6 +182,45 @@ inline void microkernel_amx(index_t kc, const std::uint32_t* KILN_RESTRICT ap, c
   }
 }
 
+// C[0:mr, 0:nr] = round_bf16(Ap * Bp): microkernel_amx's sums, each rounded once into a bf16 C
+// row-major with row stride rs_c (a convolution's bf16 output straight from the tiles: no float
+// C written to memory and read back).
+inline void microkernel_amx_rounded(index_t kc, const std::uint32_t* KILN_RESTRICT ap,
+                                    const std::uint32_t* KILN_RESTRICT bp, bf16* KILN_RESTRICT c, index_t rs_c, int mr,
+                                    int nr) {
+  amx_configure_this_thread();
+  const index_t kw = amx_packed_k(kc);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const long a_stride = long(kw * 4), b_stride = 128;
+  for (index_t q0 = 0; q0 < kw; q0 += amx_pairs_per_tile) {
+    _tile_loadd(4, ap + q0, a_stride);
+    _tile_loadd(5, ap + 16 * kw + q0, a_stride);
+    _tile_loadd(6, bp + q0 * 32, b_stride);
+    _tile_loadd(7, bp + q0 * 32 + 16, b_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float out[32][32];
+  _tile_stored(0, &out[0][0], 128);
+  _tile_stored(1, &out[0][16], 128);
+  _tile_stored(2, &out[16][0], 128);
+  _tile_stored(3, &out[16][16], 128);
+  for (int r = 0; r < mr; ++r) {
+    if (nr == 32) {
+      round_to_bf16(out[r], c + r * rs_c, 32);
+    } else {
+      alignas(64) bf16 row[32];
+      round_to_bf16(out[r], row, 32);
+      std::memcpy(c + r * rs_c, row, std::size_t(nr) * sizeof(bf16));
+    }
+  }
+}
+
 // The AMX kernel as the loop nest of gemm_driver.hpp sees it. Block sizes: a kc = 512 B panel is
 // 32 KiB (as the vdpbf16ps kernel's) and so is one 32-row A panel; mc keeps an A block in L2.
 struct gemm_kernel_amx {
@@ -200,6 +240,10 @@ struct gemm_kernel_amx {
   static void tile(index_t k, const packed* ap, const packed* bp, float* c, index_t rs_c, index_t cs_c, float alpha,
                    float beta, int m_live, int n_live) {
     microkernel_amx(k, ap, bp, c, rs_c, cs_c, alpha, beta, m_live, n_live);
+  }
+  static void tile_rounded(index_t k, const packed* ap, const packed* bp, bf16* c, index_t rs_c, int m_live,
+                           int n_live) {
+    microkernel_amx_rounded(k, ap, bp, c, rs_c, m_live, n_live);
   }
   static constexpr const char* name = "amx 32x32";
 };
