@@ -31,7 +31,13 @@ namespace kiln::cpu {
 namespace detail {
 // Scratch slots of the bf16 path's own buffers (conv2d_scratch keys on the type too).
 inline constexpr int conv_bf16_slot_w = 5, conv_bf16_slot_col = 6, conv_bf16_slot_z = 7, conv_bf16_slot_dw = 8,
-                     conv_bf16_slot_row = 9;
+                     conv_bf16_slot_row = 9, conv_bf16_slot_wt = 10;
+
+// The epilogue of a plain convolution: the sums themselves (copies_only: gemm_rounded writes y).
+struct ConvCopy {
+  static constexpr bool copies_only() { return true; }
+  void operator()(index_t, const float* z, float* out, index_t c) const { std::copy(z, z + c, out); }
+};
 
 // The weight in patch order [Cout, KH*KW*Cin] (conv2d_nhwc_permute): w itself for a 1x1 kernel,
 // else permuted into scratch.
@@ -89,12 +95,37 @@ void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, cons
   }
 }
 
-// dx = d(sum y * dy)/dx: dcol = dY * wp (float), then col2im in float, each value rounded once
-// into dx; dx overwritten, or with accumulate dx = round(float(dx) + value).
+// dx = d(sum y * dy)/dx, each value rounded once into dx; dx overwritten, or with accumulate
+// dx = round(float(dx) + value). Stride 1: a forward convolution of dy (below); otherwise dcol =
+// dY * wp (float), then col2im in float.
 inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy, const bf16* w, bf16* dx,
                                            int threads = 0, bool accumulate = false) {
   s.check("kiln::cpu::conv2d_nhwc_bf16_backward_data");
   threads = detail::conv2d_threads(threads);
+  if (!detail::conv2d_nhwc_pointwise(s) && s.stride_h == 1 && s.stride_w == 1 && s.dil_h == 1 && s.dil_w == 1 &&
+      s.pad_h < s.kh && s.pad_w < s.kw) {
+    // Stride 1: dx is the forward convolution of dy, padded by K - 1 - pad, with the kernel
+    // flipped and its channels swapped — patches of dy (bf16) instead of a float column matrix
+    // gathered back (col2im), and dx's values rounded as they leave the GEMM.
+    Conv2dShape t = s;
+    t.c_in = s.c_out, t.h = s.out_h(), t.w = s.out_w(), t.c_out = s.c_in;
+    t.pad_h = s.kh - 1 - s.pad_h, t.pad_w = s.kw - 1 - s.pad_w;
+    bf16* wt = detail::conv2d_scratch<bf16, detail::conv_bf16_slot_wt>(std::size_t(s.c_in * s.c_out * s.kh * s.kw));
+    const index_t taps = s.kh * s.kw;
+    detail::conv2d_parallel(s.c_in, threads, [&](index_t ci) {  // wt[ci][co][i][j] = w[co][ci][K-1-i][K-1-j]
+      for (index_t co = 0; co < s.c_out; ++co)
+        for (index_t t0 = 0; t0 < taps; ++t0) wt[(ci * s.c_out + co) * taps + t0] = w[(co * s.c_in + ci) * taps + taps - 1 - t0];
+    });
+    if (!accumulate) {
+      conv2d_nhwc_bf16_forward_epilogue(t, dy, wt, dx, threads, detail::ConvCopy{});
+    } else {  // dx = round(float(dx) + sum): the old row read before its rounded sum replaces it
+      conv2d_nhwc_bf16_forward_epilogue(t, dy, wt, dx, threads, [dx](index_t row, const float* z, float* out, index_t c) {
+        widen_bf16(dx + row * c, out, c);
+        for (index_t j = 0; j < c; ++j) out[j] += z[j];
+      });
+    }
+    return;
+  }
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
   const index_t chunk = detail::conv2d_chunk<float>(s);  // dcol is float
   const bool pointwise = detail::conv2d_nhwc_pointwise(s);
