@@ -141,6 +141,9 @@ gemm_problem<T, Acc> transposed(const gemm_problem<T, Acc>& g) {
 //   pack_a / pack_b(rows, k, src, rs, cs, dst)     gemm_pack.hpp's contract, panels of mr / nr
 //   tile(k, ap, bp, c, rs_c, cs_c, alpha, beta, mr, nr)  microkernel's contract
 //   tile_rounded(k, ap, bp, c_low, rs_c, mr, nr)   optional: C = round_bf16(Ap * Bp) (c_low above)
+//   reads_a_in_place(kc), tile_in_place(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, nr),
+//   tile_rounded_in_place(k, a, lda, bp, c_low, rs_c, nr)   optional: whole mr-row panels of an
+//                            op(A) whose rows hold k contiguously are read where they lie, not packed
 // gemm_kernel_fp: inputs converted to Acc while packing, multiplied in Acc (f16 and bf16 inputs
 // this way are the exact emulation: their products are exact in float). The bf16 kernel is
 // gemm_kernel_bf16 (gemm_kernel_bf16.hpp).
@@ -281,8 +284,14 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
         const index_t ib = t / plan.nsplit;
         const index_t ic = ib * plan.mc;
         const index_t mc = std::min(plan.mc, g.m - ic);
+        // A read in place where the kernel can (k contiguous in op(A)'s rows): its whole panels
+        // straight from op(A), the last partial one packed alone into abuf.
+        bool in_place = false;
+        if constexpr (requires { K::reads_a_in_place(kc); }) in_place = !a_src && g.a_cs == 1 && K::reads_a_in_place(kc);
+        const index_t whole = in_place ? mc / MR : 0;  // panels read in place
         if (a_src) a_src->pack(a_src->ctx, ic, mc, pc, kc, abuf);
-        else K::pack_a(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
+        else if (!in_place) K::pack_a(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
+        else if (mc % MR) K::pack_a(mc % MR, kc, g.a + (ic + whole * MR) * g.a_rs + pc, g.a_rs, 1, abuf);
         const item_range cols = split_range(npanels, plan.nsplit, t % plan.nsplit);
         for (index_t jp = cols.begin; jp < cols.end; ++jp) {
           const int nr = static_cast<int>(std::min<index_t>(NR, nc - jp * NR));
@@ -290,15 +299,26 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
           Acc* cj = g.c ? g.c + ic * g.c_rs + (jc + jp * NR) * g.c_cs : nullptr;  // null: c_low is written
           for (index_t ip = 0; ip * MR < mc; ++ip) {
             const int mr = static_cast<int>(std::min<index_t>(MR, mc - ip * MR));
-            if constexpr (requires { K::tile_rounded(kc, abuf, bp, g.c_low, g.c_rs, mr, nr); }) {
-              if (g.c_low) {
-                K::tile_rounded(kc, abuf + ip * MR * kw, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs,
-                                mr, nr);
+            if constexpr (requires { K::reads_a_in_place(kc); }) {
+              if (ip < whole) {
+                const T* ai = g.a + (ic + ip * MR) * g.a_rs + pc;
+                if (g.c_low) {
+                  K::tile_rounded_in_place(kc, ai, g.a_rs, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs,
+                                           nr);
+                } else {
+                  K::tile_in_place(kc, ai, g.a_rs, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha, beta, nr);
+                }
                 continue;
               }
             }
-            K::tile(kc, abuf + ip * MR * kw, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha,
-                    beta, mr, nr);
+            const typename K::packed* ap = in_place ? abuf : abuf + ip * MR * kw;
+            if constexpr (requires { K::tile_rounded(kc, abuf, bp, g.c_low, g.c_rs, mr, nr); }) {
+              if (g.c_low) {
+                K::tile_rounded(kc, ap, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs, mr, nr);
+                continue;
+              }
+            }
+            K::tile(kc, ap, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha, beta, mr, nr);
           }
         }
       }

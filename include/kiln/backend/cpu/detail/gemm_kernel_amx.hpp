@@ -134,21 +134,20 @@ inline void pack_panels_amx_a(index_t rows, index_t kc, const bf16* KILN_RESTRIC
   }
 }
 
-// C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C (beta == 0: C is not read), from an A panel of 32
-// rows and a B panel of 32 columns, kw = amx_packed_k(kc) words per row; C as microkernel_bf16's.
-inline void microkernel_amx(index_t kc, const std::uint32_t* KILN_RESTRICT ap, const std::uint32_t* KILN_RESTRICT bp,
-                            float* KILN_RESTRICT c, index_t rs_c, index_t cs_c, float alpha, float beta, int mr,
-                            int nr) {
+// tmm0-3 = the 32 x 32 sums of an A block of 32 rows (row r's pairs from a + r * a_stride bytes:
+// a packed panel, or A itself when its rows hold k contiguously) and a B panel of 32 columns,
+// over kw = amx_packed_k(kc) pairs.
+inline void amx_tile_sums(index_t kc, const char* KILN_RESTRICT a, long a_stride, const std::uint32_t* KILN_RESTRICT bp) {
   amx_configure_this_thread();
   const index_t kw = amx_packed_k(kc);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const long a_stride = long(kw * 4), b_stride = 128;
+  constexpr long b_stride = 128;
   for (index_t q0 = 0; q0 < kw; q0 += amx_pairs_per_tile) {
-    _tile_loadd(4, ap + q0, a_stride);
-    _tile_loadd(5, ap + 16 * kw + q0, a_stride);
+    _tile_loadd(4, a + q0 * 4, a_stride);
+    _tile_loadd(5, a + 16 * a_stride + q0 * 4, a_stride);
     _tile_loadd(6, bp + q0 * 32, b_stride);
     _tile_loadd(7, bp + q0 * 32 + 16, b_stride);
     _tile_dpbf16ps(0, 4, 6);
@@ -156,6 +155,10 @@ inline void microkernel_amx(index_t kc, const std::uint32_t* KILN_RESTRICT ap, c
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
+}
+
+// C[0:mr, 0:nr] = alpha * sums + beta * C (beta == 0: C is not read), C as microkernel_bf16's.
+inline void amx_store_sums(float* KILN_RESTRICT c, index_t rs_c, index_t cs_c, float alpha, float beta, int mr, int nr) {
   if (alpha == 1.0f && beta == 0.0f && cs_c == 1 && mr == 32 && nr == 32) {
     // C is the sums themselves (as the store below would write them: alpha 1 is exact): the
     // tiles go straight to C. Small k (a 1x1 convolution's 64 channels) spent more time in the
@@ -182,29 +185,9 @@ inline void microkernel_amx(index_t kc, const std::uint32_t* KILN_RESTRICT ap, c
   }
 }
 
-// C[0:mr, 0:nr] = round_bf16(Ap * Bp): microkernel_amx's sums, each rounded once into a bf16 C
-// row-major with row stride rs_c (a convolution's bf16 output straight from the tiles: no float
-// C written to memory and read back).
-inline void microkernel_amx_rounded(index_t kc, const std::uint32_t* KILN_RESTRICT ap,
-                                    const std::uint32_t* KILN_RESTRICT bp, bf16* KILN_RESTRICT c, index_t rs_c, int mr,
-                                    int nr) {
-  amx_configure_this_thread();
-  const index_t kw = amx_packed_k(kc);
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  const long a_stride = long(kw * 4), b_stride = 128;
-  for (index_t q0 = 0; q0 < kw; q0 += amx_pairs_per_tile) {
-    _tile_loadd(4, ap + q0, a_stride);
-    _tile_loadd(5, ap + 16 * kw + q0, a_stride);
-    _tile_loadd(6, bp + q0 * 32, b_stride);
-    _tile_loadd(7, bp + q0 * 32 + 16, b_stride);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
+// C[0:mr, 0:nr] = round_bf16(sums) into a bf16 C row-major with row stride rs_c (a
+// convolution's bf16 output straight from the tiles: no float C written to memory and read back).
+inline void amx_store_sums_rounded(bf16* KILN_RESTRICT c, index_t rs_c, int mr, int nr) {
   alignas(64) float out[32][32];
   _tile_stored(0, &out[0][0], 128);
   _tile_stored(1, &out[0][16], 128);
@@ -239,11 +222,26 @@ struct gemm_kernel_amx {
   }
   static void tile(index_t k, const packed* ap, const packed* bp, float* c, index_t rs_c, index_t cs_c, float alpha,
                    float beta, int m_live, int n_live) {
-    microkernel_amx(k, ap, bp, c, rs_c, cs_c, alpha, beta, m_live, n_live);
+    amx_tile_sums(k, reinterpret_cast<const char*>(ap), long(amx_packed_k(k) * 4), bp);
+    amx_store_sums(c, rs_c, cs_c, alpha, beta, m_live, n_live);
   }
   static void tile_rounded(index_t k, const packed* ap, const packed* bp, bf16* c, index_t rs_c, int m_live,
                            int n_live) {
-    microkernel_amx_rounded(k, ap, bp, c, rs_c, m_live, n_live);
+    amx_tile_sums(k, reinterpret_cast<const char*>(ap), long(amx_packed_k(k) * 4), bp);
+    amx_store_sums_rounded(c, rs_c, m_live, n_live);
+  }
+  // A read where it lies (gemm_driver.hpp's direct A): 32 whole rows, k contiguous in each, kc a
+  // multiple of 32 (whole tiles, no padding to read), the rows lda values apart.
+  static constexpr bool reads_a_in_place(index_t kc) { return kc % 32 == 0; }
+  static void tile_in_place(index_t k, const bf16* a, index_t lda, const packed* bp, float* c, index_t rs_c,
+                            index_t cs_c, float alpha, float beta, int n_live) {
+    amx_tile_sums(k, reinterpret_cast<const char*>(a), long(lda * 2), bp);
+    amx_store_sums(c, rs_c, cs_c, alpha, beta, 32, n_live);
+  }
+  static void tile_rounded_in_place(index_t k, const bf16* a, index_t lda, const packed* bp, bf16* c, index_t rs_c,
+                                    int n_live) {
+    amx_tile_sums(k, reinterpret_cast<const char*>(a), long(lda * 2), bp);
+    amx_store_sums_rounded(c, rs_c, 32, n_live);
   }
   static constexpr const char* name = "amx 32x32";
 };
