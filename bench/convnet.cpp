@@ -16,6 +16,9 @@
 //                       [--batches 64,256] [--layouts nchw,nhwc] [--python PY|none]
 // kiln runs each model in every --layouts entry (nhwc: Model::with_layout<layout::nhwc>); its lines
 // carry "layout". The peers run PyTorch's default (contiguous NCHW) memory format.
+// bench_convnet_bf16 is the same program under the bf16_mixed policy (built with
+// KILN_BENCH_BF16_MIXED: one policy per program, one program's compile time), its peers under
+// torch.autocast(bfloat16); kiln's lines carry "precision".
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +37,13 @@ namespace {
 using kiln::index_t;
 using kiln_bench::median;
 
+#if defined(KILN_BENCH_BF16_MIXED)
+using Policy = kiln::policy<kiln::precision::bf16_mixed>;
+#else
+using Policy = kiln::policy<>;
+#endif
+const char* const precision = Policy::precision::name;
+
 struct KilnResult {
   double ms;
   double kernels;
@@ -46,7 +56,7 @@ KilnResult kiln_steps(index_t batch, int threads, double seconds) {
   kiln::CpuExecutor exec(threads);
   Model model(0);
   kiln::optim::AdamW opt(model, {.lr = 1e-3});
-  kiln::train::Step step(model, opt, exec, kiln::policy<>{});
+  kiln::train::Step step(model, opt, exec, Policy{});
   const index_t dim = Model::in_features;
   std::vector<float> x(static_cast<std::size_t>(batch * dim));
   std::vector<std::int32_t> y(static_cast<std::size_t>(batch));
@@ -110,7 +120,7 @@ int main(int argc, char** argv) {
   std::vector<PeerTime> peers;
   if (python != "none") {
     const std::string args = "--threads " + std::to_string(threads) + " --models " + models + " --batches " +
-                             batches + " --seconds " + std::to_string(seconds);
+                             batches + " --seconds " + std::to_string(seconds) + " --precision " + precision;
     const auto lines = kiln_bench::peer_lines(python, "torch_convnet.py", args);
     if (lines.empty())
       std::printf("{\"bench\": \"convnet\", \"peer\": \"torch\", \"skipped\": \"%s printed nothing\"}\n",
@@ -146,8 +156,8 @@ int main(int argc, char** argv) {
           continue;
         }
         std::printf("{\"bench\": \"convnet\", \"backend\": \"cpu\", \"model\": \"%s\", \"layout\": \"%s\", \"batch\": %ld, "
-                    "\"threads\": %d, \"kiln_ms\": %.4f, \"images_per_s\": %.1f, ",
-                    model.c_str(), lay.c_str(), batch, threads, k.ms, double(batch) * 1000.0 / k.ms);
+                    "\"threads\": %d, \"precision\": \"%s\", \"kiln_ms\": %.4f, \"images_per_s\": %.1f, ",
+                    model.c_str(), lay.c_str(), batch, threads, precision, k.ms, double(batch) * 1000.0 / k.ms);
         if (model == "digits_cnn") std::printf("\"epoch_s\": %.4f, ", k.ms / 1000.0 * std::ceil(4000.0 / double(batch)));
         std::printf("\"kernels_per_step\": %.1f, \"steps\": %d}\n", k.kernels, k.steps);
         for (const auto& p : peers)

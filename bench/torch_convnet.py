@@ -33,6 +33,10 @@ images_per_s = batch / median seconds. --device cuda: the same loop with torch.c
 before and after each step (host timing, launch overhead included); TF32 off for matmul and
 cuDNN, as kiln computes in fp32.
 
+--precision bf16_mixed runs forward and loss under torch.autocast(dtype=torch.bfloat16) (float
+parameters and AdamW; bf16 convolutions and matmuls: oneDNN's AVX512-BF16 / AMX kernels where
+the CPU has them), the peer of kiln's bf16_mixed (bench/convnet_bf16); lines carry "precision".
+
 Threads (--threads, default 1) and the provenance fields (blas, backends, threadpools,
 cpu_per_wall: process CPU seconds over wall seconds in the timed loop, about --threads when the
 threads are busy, above it when the limit did not hold) come from bench/torch_peer_common.py,
@@ -62,6 +66,7 @@ ap.add_argument("--seconds", type=float, default=1.0, help="rough wall-time budg
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--max-steps", type=int, default=100)
 ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+ap.add_argument("--precision", choices=("fp32", "bf16_mixed"), default="fp32")
 args = ap.parse_args()
 backend = "torch_" + args.device
 models = args.models.split(",")
@@ -128,7 +133,8 @@ def make_step(name, variant, batch):
     x, y = torch.randn(batch, features, device=dev), torch.randint(0, 10, (batch,), device=dev)
 
     def loss_fn(x, y):
-        return F.cross_entropy(model(x), y)
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.precision == "bf16_mixed"):
+            return F.cross_entropy(model(x), y)
 
     opt_step = opt.step
     if variant == "compiled":
@@ -177,7 +183,8 @@ for variant in variants:
                 failed = True
                 break
             line = {"bench": "convnet", "backend": backend, "peer": "torch_" + variant, "variant": variant,
-                    "model": name, "batch": batch, "threads": args.threads, "median_ms": round(ms, 4),
+                    "model": name, "batch": batch, "threads": args.threads, "precision": args.precision,
+                    "median_ms": round(ms, 4),
                     "images_per_s": round(batch / (ms / 1e3), 1)}
             if name in EPOCH_IMAGES:
                 line["epoch_s"] = round(ms / 1e3 * math.ceil(EPOCH_IMAGES[name] / batch), 4)

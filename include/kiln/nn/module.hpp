@@ -319,8 +319,9 @@ struct RoundCopy {
   L* dst;
   KILN_HOST_DEVICE void operator()(index_t, index_t i) const { dst[i] = convert<L>(src[i]); }
   // The CPU executor's whole-range form: float to bf16 vectorised (kiln/core/bf16_bulk.hpp; the
-  // same bits), for the 25 M weights of a ResNet-50 every step.
-  static constexpr bool flat = true;
+  // same bits), for the 25 M weights of a ResNet-50 every step. (A member, as ag's kernels have:
+  // a constant would leave the executor's per-element loop unreachable, which nvcc warns about.)
+  bool flat = true;
   void run_flat(index_t begin, index_t end) const {
     if constexpr (std::is_same_v<T, float> && std::is_same_v<L, bf16>) {
       round_to_bf16(src + begin, dst + begin, end - begin);
