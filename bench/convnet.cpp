@@ -30,19 +30,15 @@
 #include "kiln/models/convnets.hpp"
 #include "kiln/train.hpp"
 
+#include "bench_policy.hpp"
 #include "mlp_step.hpp"
 
 namespace {
 
 using kiln::index_t;
 using kiln_bench::median;
-
-#if defined(KILN_BENCH_BF16_MIXED)
-using Policy = kiln::policy<kiln::precision::bf16_mixed>;
-#else
-using Policy = kiln::policy<>;
-#endif
-const char* const precision = Policy::precision::name;
+using kiln_bench::Policy;
+using kiln_bench::precision;
 
 struct KilnResult {
   double ms;

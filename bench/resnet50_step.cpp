@@ -47,18 +47,15 @@
 #include "kiln/nn/freeze.hpp"
 #include "kiln/train.hpp"
 
+#include "bench_policy.hpp"
 #include "mlp_step.hpp"
 
 namespace {
 
 using kiln::index_t;
 
-#if defined(KILN_BENCH_BF16_MIXED)
-using Policy = kiln::policy<kiln::precision::bf16_mixed>;
-#else
-using Policy = kiln::policy<>;
-#endif
-const char* const precision = Policy::precision::name;
+using kiln_bench::Policy;
+using kiln_bench::precision;
 
 constexpr index_t Size = 224;
 using Model = kiln::models::ResNet50<10, Size>::with_layout<kiln::nn::layout::nhwc>;

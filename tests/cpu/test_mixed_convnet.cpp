@@ -43,6 +43,18 @@ void check_rounded(const A& got, const B& want) {
   CHECK(differ == 0);
 }
 
+// Worst |got - want| over the largest |want|.
+template <class G>
+double worst_relative(const G* got, const float* want, index_t n) {
+  double worst = 0, scale = 0;
+  for (index_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::abs(double(float(got[i])) - double(want[i])));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  CHECK(scale > 0);
+  return worst / scale;
+}
+
 // Backward of sum(y * r) for a fixed r, so every output element has its own gradient.
 template <class Y>
 void backward_projected(Tape& tape, const Y& y, std::uint64_t seed) {
@@ -77,35 +89,14 @@ TEST_CASE("mixed precision: a bf16 Conv2d + ReLU is the float convolution of the
   backward_projected(again, rounded.forward_fused<nn::ReLU>(again, xf), 9);
   // dy rounded to bf16 (the output's gradient is stored in the activation type) is the difference
   // from the float reference: within a few bf16 ulps of the largest gradient.
-  auto worst_of = [](const auto* got, const float* want, index_t n) {
-    double worst = 0, scale = 0;
-    for (index_t i = 0; i < n; ++i) {
-      worst = std::max(worst, std::abs(double(float(got[i])) - double(want[i])));
-      scale = std::max(scale, std::abs(double(want[i])));
-    }
-    CHECK(scale > 0);
-    return worst / scale;
-  };
-  const double dx_err = worst_of(xh.grad().data(), xf.grad().data(), xf.value().size());
-  const double dw_err = worst_of(dw_half.data(), rounded.weight().grad().data(), rounded.weight().value().size());
+  const double dx_err = worst_relative(xh.grad().data(), xf.grad().data(), xf.value().size());
+  const double dw_err = worst_relative(dw_half.data(), rounded.weight().grad().data(), rounded.weight().value().size());
   MESSAGE("bf16 conv backward, worst error relative to the largest: dx ", dx_err, ", dw ", dw_err);
   CHECK(dx_err <= 1.0 / 128);
   CHECK(dw_err <= 1.0 / 128);
 }
 
 namespace {
-
-// Worst |got - want| over the largest |want|.
-template <class G>
-double worst_relative(const G* got, const float* want, index_t n) {
-  double worst = 0, scale = 0;
-  for (index_t i = 0; i < n; ++i) {
-    worst = std::max(worst, std::abs(double(float(got[i])) - double(want[i])));
-    scale = std::max(scale, std::abs(double(want[i])));
-  }
-  CHECK(scale > 0);
-  return worst / scale;
-}
 
 // A channels-last bf16 Conv2d<Cin, Cout, K, S, P> + ReLU (the bf16 GEMM: AMX / vdpbf16ps / the
 // emulation, whichever gemm_bf16_path is current) against the float layer on the same rounded

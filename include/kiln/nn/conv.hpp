@@ -348,6 +348,17 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
     tape.record(out, std::move(inputs), [xd = x.data(), wd, bd, pre, low, s, y_size, x_bytes, y_bytes](Exec& exec, auto& od) {
       if (!od.grad_valid) return;
       const int threads = exec.threads();
+      // The weight's and bias's float gradients, written or added.
+      auto put_filter_grads = [&](const float* gw, const float* gb) {
+        if (wd->requires_grad) {
+          write_or_add(wd->ensure_grad(), gw, wd->value.size(), wd->grad_valid);
+          wd->grad_valid = true;
+        }
+        if (bd && bd->requires_grad) {
+          write_or_add(bd->ensure_grad(), gb, s.c_out, bd->grad_valid);
+          bd->grad_valid = true;
+        }
+      };
       if constexpr (bf16_gemm) {
         // dy in bf16, as the GEMM reads it: the output's gradient itself, or times the
         // activation's derivative, rounded.
@@ -371,14 +382,7 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
           const index_t wn = wd->value.size();
           scratch_vector<float> gw(static_cast<std::size_t>(wn)), gb(static_cast<std::size_t>(s.c_out));
           cpu::conv2d_nhwc_bf16_backward_filter(s, xd->value.data(), dy, gw.data(), db ? gb.data() : nullptr, threads);
-          if (dw) {
-            write_or_add(wd->ensure_grad(), gw.data(), wn, wd->grad_valid);
-            wd->grad_valid = true;
-          }
-          if (db) {
-            write_or_add(bd->ensure_grad(), gb.data(), s.c_out, bd->grad_valid);
-            bd->grad_valid = true;
-          }
+          put_filter_grads(gw.data(), gb.data());
         }
         return;
       }
@@ -402,14 +406,7 @@ Out conv2d_half_impl(ag::Tape<Exec>& tape, const ag::Var<X, S, D...>& x, std::sh
         if constexpr (L == layout::nhwc)
           cpu::conv2d_nhwc_backward_filter(s, xf.data(), dy.data(), gw.data(), db ? gb.data() : nullptr, threads);
         else cpu::conv2d_backward_filter(s, xf.data(), dy.data(), gw.data(), db ? gb.data() : nullptr, threads);
-        if (dw) {
-          write_or_add(wd->ensure_grad(), gw.data(), wn, wd->grad_valid);
-          wd->grad_valid = true;
-        }
-        if (db) {
-          write_or_add(bd->ensure_grad(), gb.data(), s.c_out, bd->grad_valid);
-          bd->grad_valid = true;
-        }
+        put_filter_grads(gw.data(), gb.data());
       }
     });
   }

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstring>
+#include <type_traits>
 
 #include "kiln/backend/cpu/conv2d.hpp"
 #include "kiln/backend/cpu/conv2d_winograd.hpp"
@@ -145,6 +146,27 @@ void col2im_nhwc_row(const Conv2dShape& s, const T* dcol, index_t ih, T* dx_row,
       }
     }
   }
+}
+
+// dbias = sum of dy [N*OH*OW, Cout] over its rows, in double: blocks of channels, each summing
+// every row in order (the order conv2d_backward_filter uses, so dbias matches it bit for bit); a
+// row's block is contiguous, so the adds vectorise. dy float, double or bf16.
+template <class G, class T>
+void conv2d_nhwc_bias_grad(const Conv2dShape& s, const G* dy, T* dbias, int threads) {
+  constexpr index_t block = 32;
+  const index_t rows = s.n * s.out_h() * s.out_w();
+  conv2d_parallel((s.c_out + block - 1) / block, threads, [&](index_t b) {
+    const index_t c0 = b * block, cb = std::min(block, s.c_out - c0);
+    double acc[block] = {};
+    for (index_t r = 0; r < rows; ++r) {
+      const G* p = dy + r * s.c_out + c0;
+      for (index_t c = 0; c < cb; ++c) {
+        if constexpr (std::is_same_v<G, bf16>) acc[c] += double(float(p[c]));  // bf16 widens through float
+        else acc[c] += double(p[c]);
+      }
+    }
+    for (index_t c = 0; c < cb; ++c) dbias[c0 + c] = T(acc[c]);
+  });
 }
 
 // The chunk's column matrix: x's rows themselves for a pointwise convolution, else im2col into
@@ -325,20 +347,7 @@ void conv2d_nhwc_backward_filter(const Conv2dShape& s, const T* x, const T* dy, 
     }
     detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
   }
-  if (dbias == nullptr) return;
-  // Blocks of channels, each summing every row in order (the order conv2d_backward_filter uses,
-  // so dbias matches it bit for bit); a row's block is contiguous, so the adds vectorise.
-  constexpr index_t block = 32;
-  const index_t rows = s.n * ohw;
-  detail::conv2d_parallel((s.c_out + block - 1) / block, threads, [&](index_t b) {
-    const index_t c0 = b * block, cb = std::min(block, s.c_out - c0);
-    double acc[block] = {};
-    for (index_t r = 0; r < rows; ++r) {
-      const T* p = dy + r * s.c_out + c0;
-      for (index_t c = 0; c < cb; ++c) acc[c] += double(p[c]);
-    }
-    for (index_t c = 0; c < cb; ++c) dbias[c0 + c] = T(acc[c]);
-  });
+  if (dbias != nullptr) detail::conv2d_nhwc_bias_grad(s, dy, dbias, threads);
 }
 
 }  // namespace kiln::cpu

@@ -172,18 +172,7 @@ inline void conv2d_nhwc_bf16_backward_filter(const Conv2dShape& s, const bf16* x
                n0 == 0 ? 0.0f : 1.0f, dwp, k, threads);
   }
   if (!pointwise_weight) detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
-  if (dbias == nullptr) return;
-  constexpr index_t block = 32;  // as conv2d_nhwc_backward_filter: blocks of channels, rows in order
-  const index_t rows = s.n * ohw;
-  detail::conv2d_parallel((s.c_out + block - 1) / block, threads, [&](index_t b) {
-    const index_t c0 = b * block, cb = std::min(block, s.c_out - c0);
-    double acc[block] = {};
-    for (index_t r = 0; r < rows; ++r) {
-      const bf16* p = dy + r * s.c_out + c0;
-      for (index_t c = 0; c < cb; ++c) acc[c] += double(float(p[c]));
-    }
-    for (index_t c = 0; c < cb; ++c) dbias[c0 + c] = float(acc[c]);
-  });
+  if (dbias != nullptr) detail::conv2d_nhwc_bias_grad(s, dy, dbias, threads);
 }
 
 }  // namespace kiln::cpu
