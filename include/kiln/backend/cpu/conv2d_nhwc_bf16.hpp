@@ -1,21 +1,25 @@
 // kiln/backend/cpu/conv2d_nhwc_bf16.hpp — channels-last 2-D convolution with kiln::bf16 inputs
-// on the bf16 GEMM (AMX tiles or vdpbf16ps where the CPU has them, gemm.hpp's gemm_bf16_path),
-// float outputs and gradients: mixed precision's convolution (nn::Conv2d under bf16_mixed).
+// on the bf16 GEMM (AMX tiles or vdpbf16ps where the CPU has them, gemm.hpp's gemm_bf16_path):
+// mixed precision's convolution (nn::Conv2d under bf16_mixed).
 //
 //   x [N, H, W, Cin] bf16, w [Cout, Cin, KH, KW] bf16, dy [N, OH, OW, Cout] bf16;
 //   y and dx bf16 (each value rounded once from its float sum), dw, dbias float.
 //
 // The column matrix of conv2d_nhwc.hpp (row per output pixel, patch in (i, j, c) order) in bf16,
 // chunked as there (chunks depend on the shape only, so the bits do not depend on the thread
-// count): forward Y = col * wp^T, backward-data dcol = dY * wp then col2im in float,
-// backward-filter dwp = dY^T * col summed over chunks in float. Pointwise (1x1 stride-1
-// unpadded) convolutions read x's and dy's rows directly. No Winograd: its transforms would round
-// to bf16 between stages (the error F(4x4) adds in fp32 is 20x the direct one's, README), and
-// on AMX the products are no longer what costs.
+// count). Forward Y = col * wp^T: written by gemm_rounded when nothing follows in the epilogue
+// (on AMX rounded as it leaves the tiles), else float rows through the epilogue, rounded in cache.
+// Backward-data: for stride 1, the forward convolution of dy with the kernel flipped and its
+// channels swapped (dy's bf16 patches, dx rounded from the GEMM); otherwise dcol = dY * wp in
+// float, then col2im, rounded row by row. Backward-filter dwp = dY^T * col, summed over chunks in
+// float. Pointwise (1x1 stride-1 unpadded) convolutions read x's and dy's rows directly, and a
+// 1x1 kernel's weight is used as it is. No Winograd: its transforms would round to bf16 between
+// stages (the error F(4x4) adds in fp32 is 20x the direct one's, README), and on AMX the
+// products are no longer what costs.
 //
 // Numerics: every product of two bf16 values is exact; sums are fp32 (in the order the GEMM
 // path sums them: gemm_kernel_bf16.hpp / gemm_kernel_amx.hpp), so a result is within the float
-// convolution's error bound of the float convolution of the same (rounded) values.
+// convolution's error bound of the float convolution of the same (rounded) values, then rounded.
 #pragma once
 
 #include <algorithm>
