@@ -66,6 +66,10 @@ inline void round_to_bf16(const float* src, bf16* dst, index_t n) {
   }
 }
 
+// dst[i] = bf16(float(dst[i]) + v[i]) for i in [0, n): a gradient accumulated in bf16, rounded
+// once per addition.
+inline void add_round_to_bf16(const float* v, bf16* dst, index_t n);
+
 // dst[i] = float(src[i]) for i in [0, n) (exact).
 inline void widen_bf16(const bf16* src, float* dst, index_t n) {
   index_t i = 0;
@@ -81,6 +85,17 @@ inline void widen_bf16(const bf16* src, float* dst, index_t n) {
   }
 #endif
   for (; i < n; ++i) dst[i] = float(src[i]);
+}
+
+inline void add_round_to_bf16(const float* v, bf16* dst, index_t n) {
+  constexpr index_t block = 1024;
+  float sum[block];
+  for (index_t b = 0; b < n; b += block) {
+    const index_t len = n - b < block ? n - b : block;
+    widen_bf16(dst + b, sum, len);
+    for (index_t i = 0; i < len; ++i) sum[i] += v[b + i];
+    round_to_bf16(sum, dst + b, len);
+  }
 }
 
 }  // namespace kiln

@@ -102,12 +102,7 @@ void store_rounded(X* dst, const float* src, index_t n, bool add = false, int th
     if (!add) {
       half_io_blocks(n, threads, [=](index_t b, index_t e) { round_to_bf16(src + b, dst + b, e - b); });
     } else {
-      half_io_blocks(n, threads, [=](index_t b, index_t e) {
-        float sum[4096];
-        widen_bf16(dst + b, sum, e - b);
-        for (index_t i = 0; i < e - b; ++i) sum[i] += src[b + i];
-        round_to_bf16(sum, dst + b, e - b);
-      });
+      half_io_blocks(n, threads, [=](index_t b, index_t e) { add_round_to_bf16(src + b, dst + b, e - b); });
     }
     return;
   }

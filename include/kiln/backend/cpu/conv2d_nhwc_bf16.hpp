@@ -52,13 +52,6 @@ inline const bf16* conv2d_bf16_patch_weight(const Conv2dShape& s, const bf16* w,
   return wp;
 }
 
-// dst = round(v), or with add dst = round(float(dst) + v): n values; tmp holds n floats.
-inline void conv_bf16_store(bf16* dst, const float* v, index_t n, bool add, float* tmp) {
-  if (!add) return round_to_bf16(v, dst, n);
-  widen_bf16(dst, tmp, n);
-  for (index_t i = 0; i < n; ++i) tmp[i] += v[i];
-  round_to_bf16(tmp, dst, n);
-}
 }  // namespace detail
 
 // y = round(epilogue(conv(x, w))) as conv2d_nhwc_forward_epilogue: epi(row, z, out, Cout) per
@@ -147,14 +140,15 @@ inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy,
     // Input row by input row: gathered (col2im) or, pointwise, dcol's rows are dx's.
     detail::conv2d_parallel(cn * s.h, threads, [&](index_t r) {
       const index_t i = r / s.h, ih = r % s.h;
-      float* buf = detail::conv2d_scratch<float, detail::conv_bf16_slot_row>(std::size_t(2 * row_len));
+      float* buf = detail::conv2d_scratch<float, detail::conv_bf16_slot_row>(std::size_t(row_len));
       bf16* out = dx + (n0 + i) * hwc + ih * row_len;
       const float* v = dcol + (i * ohw + ih * s.w) * k;  // pointwise: k == c_in, ohw == hw
       if (!pointwise) {
         detail::col2im_nhwc_row(s, dcol + i * ohw * k, ih, buf, true);
         v = buf;
       }
-      detail::conv_bf16_store(out, v, row_len, accumulate, buf + row_len);
+      if (accumulate) add_round_to_bf16(v, out, row_len);
+      else round_to_bf16(v, out, row_len);
     });
   }
 }

@@ -157,6 +157,14 @@ inline void amx_tile_sums(index_t kc, const char* KILN_RESTRICT a, long a_stride
   }
 }
 
+// The sums of tmm0-3 into out, row-major.
+inline void amx_spill_sums(float (&out)[32][32]) {
+  _tile_stored(0, &out[0][0], 128);
+  _tile_stored(1, &out[0][16], 128);
+  _tile_stored(2, &out[16][0], 128);
+  _tile_stored(3, &out[16][16], 128);
+}
+
 // C[0:mr, 0:nr] = alpha * sums + beta * C (beta == 0: C is not read), C as microkernel_bf16's.
 inline void amx_store_sums(float* KILN_RESTRICT c, index_t rs_c, index_t cs_c, float alpha, float beta, int mr, int nr) {
   if (alpha == 1.0f && beta == 0.0f && cs_c == 1 && mr == 32 && nr == 32) {
@@ -171,10 +179,7 @@ inline void amx_store_sums(float* KILN_RESTRICT c, index_t rs_c, index_t cs_c, f
     return;
   }
   alignas(64) float out[32][32];
-  _tile_stored(0, &out[0][0], 128);
-  _tile_stored(1, &out[0][16], 128);
-  _tile_stored(2, &out[16][0], 128);
-  _tile_stored(3, &out[16][16], 128);
+  amx_spill_sums(out);
   for (int h = 0; h < 2 && 16 * h < mr; ++h) {
     __m512 acc[16][2];
     for (int r = 0; r < 16; ++r) {
@@ -189,10 +194,7 @@ inline void amx_store_sums(float* KILN_RESTRICT c, index_t rs_c, index_t cs_c, f
 // convolution's bf16 output straight from the tiles: no float C written to memory and read back).
 inline void amx_store_sums_rounded(bf16* KILN_RESTRICT c, index_t rs_c, int mr, int nr) {
   alignas(64) float out[32][32];
-  _tile_stored(0, &out[0][0], 128);
-  _tile_stored(1, &out[0][16], 128);
-  _tile_stored(2, &out[16][0], 128);
-  _tile_stored(3, &out[16][16], 128);
+  amx_spill_sums(out);
   for (int r = 0; r < mr; ++r) {
     if (nr == 32) {
       round_to_bf16(out[r], c + r * rs_c, 32);
