@@ -11,7 +11,7 @@
 //
 // What is kept: blocks of at least min_bytes, by exact size (a step asks for the same sizes
 // again), up to a limit — by default such that the blocks in use and those kept together never
-// pass the most bytes the program has had in use at once plus slack_bytes (128 MiB): a block is
+// pass the most bytes the program has had in use at once plus slack_bytes (256 MiB): a block is
 // kept only within that room, and an allocation the cache cannot serve first frees kept blocks
 // (largest first) beyond it. So the cache adds at most slack_bytes of resident memory above the
 // program's own peak, whatever the batch (a bound on the kept bytes alone put a size that is kept
@@ -21,7 +21,14 @@
 // state) missed 44 blocks per step and 27 in full training, each mapped and zeroed again;
 // 128 MiB brings that to 5, and at two threads, where a thread zeroing a fresh 2 MiB page holds
 // its team at the next barrier, the ResNet-50 step went 1,351 / 1,386 -> 1,313 / 1,288 ms and
-// the fine-tuning step 707 -> 651 ms (batch 8, AMD EPYC Zen 4; one thread: no change).
+// the fine-tuning step 707 -> 651 ms (batch 8, AMD EPYC Zen 4; one thread: no change). 256 MiB
+// brings both to 0 misses at batch 8 (88 MB a step no longer faulted in and zeroed): fine-tuning
+// at two threads 554 -> 473 ms (medians of 5, alternating), the training step 1,224 -> 1,146 ms,
+// for 36 MiB more peak resident memory (batch 32: 10 misses instead of 16, +135 MiB; the bound
+// adds at most 128 MiB over 128 MiB of slack, whatever the batch; Intel Xeon, 2026-12-07).
+// Reshaping a kept block of another size to the size missed (cut, or grown with mremap) was
+// tried: no misses at 128 MiB, but the pages unmapped and faulted back were the same, and so was
+// the time.
 // set_host_cache_limit(bytes)
 // sets another limit (0 keeps nothing, and frees what is kept; host_cache_default_limit goes back
 // to the peak in use plus slack_bytes); release_cached_host_memory()
@@ -67,7 +74,7 @@ namespace detail {
 class HostBlockCache {
  public:
   static constexpr std::size_t min_bytes = std::size_t(128) << 10;  // glibc's first mmap threshold
-  static constexpr std::size_t slack_bytes = std::size_t(128) << 20;  // above the peak in use (above)
+  static constexpr std::size_t slack_bytes = std::size_t(256) << 20;  // above the peak in use (above)
   static constexpr std::size_t huge_page_min_bytes = std::size_t(4) << 20;  // two 2 MiB pages
   // Every host block's alignment (memory_traits<host>::alignment, which kiln/core/memory.hpp
   // checks is the same): blocks differ only in size.
@@ -253,7 +260,7 @@ class HostBlockCache {
 
 // The most bytes of freed host blocks kiln keeps for reuse (0: none, and what is kept is freed;
 // host_cache_default_limit: in use + kept within the most bytes of such blocks in use at once so
-// far plus 128 MiB).
+// far plus HostBlockCache::slack_bytes, 256 MiB).
 inline void set_host_cache_limit(std::size_t bytes) { detail::HostBlockCache::get().set_limit(bytes); }
 // Frees the host blocks kept for reuse now (the limit stays).
 inline void release_cached_host_memory() { detail::HostBlockCache::get().release(); }
