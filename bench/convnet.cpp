@@ -16,9 +16,27 @@
 //                       [--batches 64,256] [--layouts nchw,nhwc] [--python PY|none]
 // kiln runs each model in every --layouts entry (nhwc: Model::with_layout<layout::nhwc>); its lines
 // carry "layout". The peers run PyTorch's default (contiguous NCHW) memory format.
+//
+// ResNet-18 and ResNet-50 (torchvision's layout, kiln::models::ResNet18 / ResNet50, 10 classes)
+// at 32x32 or 224x224: --models resnet18_32, resnet18_224, resnet50_32, resnet50_224. Each runs
+// as its own program beside this one (resnet18_32_step, resnet18_step, resnet50_32_step,
+// resnet50_step; _bf16 from convnet_bf16: bench/resnet50_step.cpp's builds, a model type each,
+// built by `cmake --build build --target bench_convnet_resnets`), once per --batches entry and
+// --train-from entry (conv1: full training; layer4: fine-tuning layer4 + fc), --steps timed
+// steps each: a process per measurement, so each line's peak resident memory is that
+// configuration's alone, and the peer (bench/torch_resnet_step.py: torchvision's model, eager
+// and torch.compile, contiguous and channels_last, each in its own process) in the same run.
+// Their lines are resnet50_step's (model, size, step_ms, images_per_s, peak_rss_mib, one line
+// per peer with its speedup, and a summary naming the fastest peer); kiln runs them NHWC.
+//
+//   build/bench/convnet --models resnet18_32,resnet18_224,resnet50_32,resnet50_224 --batches 8,32
+//                       --train-from conv1,layer4 [--steps 3] [--threads 1]
+//
 // bench_convnet_bf16 is the same program under the bf16_mixed policy (built with
 // KILN_BENCH_BF16_MIXED: one policy per program, one program's compile time), its peers under
 // torch.autocast(bfloat16); kiln's lines carry "precision".
+#include <unistd.h>  // access
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -87,6 +105,42 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// The program that measures ResNet row `model` (resnet18_32 ...), or "" when it is not one.
+std::string resnet_program(const std::string& model) {
+  const std::string suffix = std::string(precision) == "fp32" ? "" : "_bf16";
+  if (model == "resnet50_224") return "resnet50_step" + suffix;
+  if (model == "resnet50_32") return "resnet50_32_step" + suffix;
+  if (model == "resnet18_224") return "resnet18_step" + suffix;
+  if (model == "resnet18_32") return "resnet18_32_step" + suffix;
+  return "";
+}
+
+// Runs the ResNet row's program (next to this one) once per batch and train_from; its lines go
+// straight to our stdout as it prints them.
+void run_resnet_rows(const std::string& model, const std::string& self, const std::vector<std::string>& batches,
+                     const std::vector<std::string>& train_from, int threads, int steps, const std::string& python) {
+  const std::string dir = self.find('/') == std::string::npos ? "." : self.substr(0, self.rfind('/'));
+  const std::string program = dir + "/" + resnet_program(model);
+  if (access(program.c_str(), X_OK) != 0) {
+    std::printf("{\"bench\": \"convnet\", \"model\": \"%s\", \"skipped\": \"%s is not built (cmake --build build "
+                "--target bench_convnet_resnets)\"}\n",
+                model.c_str(), program.c_str());
+    return;
+  }
+  for (const std::string& tf : train_from)
+    for (const std::string& bs : batches) {
+      const std::string cmd = "'" + program + "' --batch " + std::to_string(std::atol(bs.c_str())) + " --threads " +
+                              std::to_string(threads) + " --steps " + std::to_string(steps) + " --train-from '" + tf +
+                              "' --python '" + python + "'";
+      std::fflush(stdout);  // ours first, then the child's
+      const int rc = std::system(cmd.c_str());
+      if (rc != 0)
+        std::printf("{\"bench\": \"convnet\", \"model\": \"%s\", \"batch\": %ld, \"train_from\": \"%s\", "
+                    "\"failed\": \"%s exited with status %d\"}\n",
+                    model.c_str(), std::atol(bs.c_str()), tf.c_str(), program.c_str(), rc);
+    }
+}
+
 struct PeerTime {
   std::string model, peer;
   long batch;
@@ -96,9 +150,9 @@ struct PeerTime {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 1;
+  int threads = 1, steps = 3;
   double seconds = 2.0;
-  std::string models = "digits_cnn,resnet9_w32", batches = "64,256", layouts = "nchw,nhwc",
+  std::string models = "digits_cnn,resnet9_w32", batches = "64,256", layouts = "nchw,nhwc", train_from = "conv1",
               python = kiln_bench::default_python();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -108,14 +162,20 @@ int main(int argc, char** argv) {
     else if (a == "--batches") batches = argv[i + 1];
     else if (a == "--layouts") layouts = argv[i + 1];
     else if (a == "--python") python = argv[i + 1];
+    else if (a == "--train-from") train_from = argv[i + 1];
+    else if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "convnet: unknown option %s\n", a.c_str());
       return 2;
     }
   }
+  // The ResNet rows run as programs of their own (file comment); the rest here, their peers first.
+  std::string small_models;
+  for (const std::string& model : split(models))
+    if (resnet_program(model).empty()) small_models += (small_models.empty() ? "" : ",") + model;
   std::vector<PeerTime> peers;
-  if (python != "none") {
-    const std::string args = "--threads " + std::to_string(threads) + " --models " + models + " --batches " +
+  if (python != "none" && !small_models.empty()) {
+    const std::string args = "--threads " + std::to_string(threads) + " --models " + small_models + " --batches " +
                              batches + " --seconds " + std::to_string(seconds) + " --precision " + precision;
     const auto lines = kiln_bench::peer_lines(python, "torch_convnet.py", args);
     if (lines.empty())
@@ -133,7 +193,11 @@ int main(int argc, char** argv) {
   using kiln::nn::layout;
   using Digits = kiln::models::DigitsCnn;
   using ResNet = kiln::models::ResNet9<32>;
-  for (const std::string& model : split(models))
+  for (const std::string& model : split(models)) {
+    if (!resnet_program(model).empty()) {
+      run_resnet_rows(model, argv[0], split(batches), split(train_from), threads, steps, python);
+      continue;
+    }
     for (const std::string& bs : split(batches))
       for (const std::string& lay : split(layouts)) {
         const long batch = std::atol(bs.c_str());
@@ -163,5 +227,6 @@ int main(int argc, char** argv) {
                         model.c_str(), lay.c_str(), batch, threads, k.ms, p.peer.c_str(), p.ms, p.ms / k.ms);
         std::fflush(stdout);
       }
+  }
   return 0;
 }

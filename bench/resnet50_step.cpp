@@ -6,6 +6,12 @@
 // compile-time budget's ResNet-50 row (bench/compile_time, README "Compile time"): a deep
 // convnet's program must build in seconds.
 //
+// The same source builds the other ResNets of bench/convnet's rows (bench/CMakeLists.txt, not
+// part of `all`: each is a model type of its own, ~40 s to compile): KILN_BENCH_RESNET_DEPTH 18
+// or 50 (default 50) and KILN_BENCH_RESNET_SIZE 32 or 224 (default 224) — bench/resnet18_step,
+// resnet18_32_step, resnet50_32_step (and _bf16) — with the peer on the same torchvision model and
+// size. bench/convnet --models resnet18_32,resnet50_224,... runs them (its file comment).
+//
 // bench_resnet50_step_bf16 is the same program under the bf16_mixed policy (built with
 // KILN_BENCH_BF16_MIXED: one policy per program keeps this one within its compile budget), its
 // peer under torch.autocast(bfloat16); lines carry "precision".
@@ -57,8 +63,23 @@ using kiln::index_t;
 using kiln_bench::Policy;
 using kiln_bench::precision;
 
-constexpr index_t Size = 224;
-using Model = kiln::models::ResNet50<10, Size>::with_layout<kiln::nn::layout::nhwc>;
+#ifndef KILN_BENCH_RESNET_DEPTH
+#define KILN_BENCH_RESNET_DEPTH 50
+#endif
+#ifndef KILN_BENCH_RESNET_SIZE
+#define KILN_BENCH_RESNET_SIZE 224
+#endif
+constexpr index_t Size = KILN_BENCH_RESNET_SIZE;
+#if KILN_BENCH_RESNET_DEPTH == 50
+using Net = kiln::models::ResNet50<10, Size>;
+constexpr const char* model_name = "resnet50";
+#elif KILN_BENCH_RESNET_DEPTH == 18
+using Net = kiln::models::ResNet18<10, Size>;
+constexpr const char* model_name = "resnet18";
+#else
+#error "bench/resnet50_step.cpp: KILN_BENCH_RESNET_DEPTH is 18 or 50"
+#endif
+using Model = Net::with_layout<kiln::nn::layout::nhwc>;
 
 struct Peer {
   std::string name;
@@ -103,25 +124,29 @@ void run(index_t batch, int threads, int steps, const std::string& train_from, c
   (void)step.take_losses(/*require_finite=*/true);
   const auto rep = kiln::train::report(step);
   const double median = kiln_bench::median(ms);
-  std::printf("{\"bench\":\"resnet50_step\",\"model\":\"resnet50\",\"layout\":\"nhwc\",\"size\":%lld,\"batch\":%lld,\"threads\":%d,"
+  std::printf("{\"bench\":\"resnet50_step\",\"model\":\"%s\",\"layout\":\"nhwc\",\"size\":%lld,\"batch\":%lld,\"threads\":%d,"
               "\"precision\":\"%s\",\"train_from\":\"%s\",\"step_ms\":%.2f,\"images_per_s\":%.2f,\"kernels_per_step\":%.0f,"
               "\"predicted\":%lld,\"peak_rss_mib\":%.1f,\"peak_tensors_mib\":%.1f,\"cache_kept_mib\":%.1f,"
               "\"cache_misses_per_step\":%.1f}\n",
-              (long long)Size, (long long)batch, threads, precision, train_from.c_str(), median, double(batch) / (median / 1e3),
+              model_name, (long long)Size, (long long)batch, threads, precision, train_from.c_str(), median,
+              double(batch) / (median / 1e3),
               rep.kernels_per_step, (long long)rep.predicted, peak_rss_mib(),
               double(kiln::host_cache_stats().peak_in_use_bytes) / (1 << 20),
               double(kiln::host_cache_stats().kept_bytes) / (1 << 20), misses_per_step);
   const Peer* fastest = nullptr;
   for (const Peer& p : peers) {
-    std::printf("{\"bench\":\"resnet50_step\",\"batch\":%lld,\"threads\":%d,\"train_from\":\"%s\",\"kiln_ms\":%.2f,"
-                "\"peer\":\"%s\",\"peer_ms\":%.2f,\"speedup\":%.3f}\n",
-                (long long)batch, threads, train_from.c_str(), median, p.name.c_str(), p.ms, p.ms / median);
+    std::printf("{\"bench\":\"resnet50_step\",\"model\":\"%s\",\"size\":%lld,\"batch\":%lld,\"threads\":%d,"
+                "\"train_from\":\"%s\",\"kiln_ms\":%.2f,\"peer\":\"%s\",\"peer_ms\":%.2f,\"speedup\":%.3f}\n",
+                model_name, (long long)Size, (long long)batch, threads, train_from.c_str(), median, p.name.c_str(), p.ms,
+                p.ms / median);
     if (!fastest || p.ms < fastest->ms) fastest = &p;
   }
   if (fastest)
-    std::printf("{\"bench\":\"resnet50_step\",\"summary\":true,\"batch\":%lld,\"threads\":%d,\"train_from\":\"%s\","
-                "\"kiln_ms\":%.2f,\"fastest_peer\":\"%s\",\"fastest_peer_ms\":%.2f,\"kiln_faster\":%s}\n",
-                (long long)batch, threads, train_from.c_str(), median, fastest->name.c_str(), fastest->ms,
+    std::printf("{\"bench\":\"resnet50_step\",\"summary\":true,\"model\":\"%s\",\"size\":%lld,\"batch\":%lld,"
+                "\"threads\":%d,\"train_from\":\"%s\",\"kiln_ms\":%.2f,\"fastest_peer\":\"%s\",\"fastest_peer_ms\":%.2f,"
+                "\"kiln_faster\":%s}\n",
+                model_name, (long long)Size, (long long)batch, threads, train_from.c_str(), median, fastest->name.c_str(),
+                fastest->ms,
                 median < fastest->ms ? "true" : "false");
 }
 
@@ -160,7 +185,8 @@ int main(int argc, char** argv) {
   if (python != "none") {
     const std::string args = "--batch " + std::to_string(batch) + " --threads " + std::to_string(threads) +
                              " --steps " + std::to_string(steps) + " --train-from " + train_from +
-                             " --precision " + precision;
+                             " --precision " + precision + " --model " + model_name + " --size " +
+                             std::to_string(Size);
     const auto lines = kiln_bench::peer_lines(python, "torch_resnet_step.py", args);
     if (lines.empty())
       std::printf("{\"bench\":\"resnet50_step\",\"peer\":\"torch\",\"skipped\":\"%s printed nothing\"}\n",

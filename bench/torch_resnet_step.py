@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""PyTorch's ResNet-50 training step on the CPU, the peer of kiln's bench/resnet50_step: the same
-model (torchvision.models.resnet50(num_classes=10), 224x224 RGB), random images and labels (fixed
+"""PyTorch's ResNet training step on the CPU, the peer of kiln's bench/resnet50_step (and of the
+resnet18_step, resnet18_32_step and resnet50_32_step builds of it): the same model
+(torchvision.models.resnet50 or resnet18 by --model, num_classes=10, --size x --size RGB: 224 by
+default, 32 as CIFAR's images), random images and labels (fixed
 seed), cross-entropy (mean), backward, AdamW (lr 1e-3, torch's default implementation),
 zero_grad(set_to_none=True). Full training (--train-from conv1) or fine-tuning (--train-from
 layer4: conv1, bn1 and layer1-3 frozen — requires_grad False, their BatchNorm2d layers in eval mode,
@@ -18,10 +20,10 @@ whatever torch keeps. One warm-up step (two for compiled), then --steps timed st
 
   .venv-bench/bin/python bench/torch_resnet_step.py [--batch 8] [--threads 1] [--steps 3]
       [--train-from conv1|layer4] [--variants eager,compiled] [--formats contiguous,channels_last]
-      [--precision fp32|bf16_mixed]
+      [--precision fp32|bf16_mixed] [--model resnet50|resnet18] [--size 224]
 
 Output, JSON lines: {"bench": "resnet50_step", "backend": "torch_cpu", "peer": "torch_<variant>" or
-"torch_<variant>_channels_last", "variant", "memory_format", "batch", "threads", "train_from",
+"torch_<variant>_channels_last", "variant", "memory_format", "model", "size", "batch", "threads", "train_from",
 "precision", "step_ms", "images_per_s", "peak_rss_mib", "steps", "torch"}; a configuration that fails prints
 a "skipped" line with the reason. Without torch or torchvision: one "skipped" line, exit 0."""
 import argparse
@@ -40,6 +42,8 @@ ap.add_argument("--train-from", default="conv1", choices=("conv1", "layer4"))
 ap.add_argument("--variants", default="eager,compiled")
 ap.add_argument("--formats", default="contiguous,channels_last")
 ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16_mixed"))
+ap.add_argument("--model", default="resnet50", choices=("resnet50", "resnet18"))
+ap.add_argument("--size", type=int, default=224)
 ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # variant:format, run in this process
 args = ap.parse_args()
 
@@ -48,7 +52,7 @@ if not args.one:  # the parent: one child process per configuration
         for fmt in args.formats.split(","):
             cmd = [sys.executable, __file__, "--one", f"{variant}:{fmt}", "--batch", str(args.batch), "--threads",
                    str(args.threads), "--steps", str(args.steps), "--train-from", args.train_from,
-                   "--precision", args.precision]
+                   "--precision", args.precision, "--model", args.model, "--size", str(args.size)]
             out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False).stdout
             sys.stdout.write(out)
             sys.stdout.flush()
@@ -59,7 +63,7 @@ if not args.one:  # the parent: one child process per configuration
 variant, fmt = args.one.split(":")
 peer = "torch_" + variant + ("_channels_last" if fmt == "channels_last" else "")
 head = {"bench": "resnet50_step", "backend": "torch_cpu", "peer": peer, "variant": variant, "memory_format": fmt,
-        "batch": args.batch, "threads": args.threads, "train_from": args.train_from, "precision": args.precision}
+        "model": args.model, "size": args.size, "batch": args.batch, "threads": args.threads, "train_from": args.train_from, "precision": args.precision}
 
 from torch_peer_common import import_torch, limit_threads, make_skip  # noqa: E402
 
@@ -73,13 +77,13 @@ import torch.nn.functional as F  # noqa: E402
 
 limit_threads(args.threads)
 torch.manual_seed(0)
-model = torchvision.models.resnet50(num_classes=10)
+model = getattr(torchvision.models, args.model)(num_classes=10)
 frozen = []
 if args.train_from == "layer4":
     frozen = [model.conv1, model.bn1, model.layer1, model.layer2, model.layer3]
     for m in frozen:
         m.requires_grad_(False)
-x = torch.randn(args.batch, 3, 224, 224)
+x = torch.randn(args.batch, 3, args.size, args.size)
 y = torch.randint(0, 10, (args.batch,))
 if fmt == "channels_last":
     model = model.to(memory_format=torch.channels_last)
