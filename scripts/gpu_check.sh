@@ -1,222 +1,260 @@
 #!/usr/bin/env bash
-# The prepared GPU check for a lent H200, run from the repository root:
-#   OUT=/some/dir scripts/gpu_check.sh
-# builds for sm_90 and runs, with KILN_REQUIRE_DEVICE=1 (so nothing can "pass" by skipping):
-#   the CUDA tests; the benchmarks (train_step_cuda beside PyTorch CUDA eager, policies_cuda with
-#   the modes side by side, fusion_cuda, kernels_cuda); train_digits (also --mode reduce_overhead:
-#   CUDA graphs, and --mode max_autotune twice: cuBLASLt algorithms timed, then read from the cache) and train_cnn_digits on the GPU and, for comparison,
-#   on the CPU; train_cifar (ResNet-9) at batch 512 beside PyTorch CUDA eager and compiled
-#   (bench/torch_convnet.py --device cuda); and
-#   compute-sanitizer's memcheck, racecheck and initcheck on chosen subsets of the CUDA tests. The
-#   CUDA tests include the world-size-1 NCCL group and the data-parallel Step through it
-#   (tests/cuda/test_cuda_dist.cu).
-# Everything lands under $OUT (default ./out): logs, bench.jsonl (one JSON line per measurement)
-# and summary.txt, which the script prints at the end.
+# The prepared check for a lent GPU (an H200 or H100), run from the repository root:
 #
-# Sized for 8 minutes of a 16-core machine (scripts/README.md has the measured compile times):
-# one `-j` build of only the needed targets (Ninja when present), every step under `timeout`
-# with its own cap, and a total budget (GPU_CHECK_BUDGET_S, default 480 s): a step that would
-# start with under 10 s left is skipped — and a skipped step fails the check. One failing step
-# never stops the others. Exit status: 0 when every step ran and passed, 1 otherwise; 2 at once
-# when there is no usable device (nvidia-smi fails) — the reason is printed.
+#   OUT=DIR bash scripts/gpu_check.sh [--phase build|run|extra|all|LIST] [--dry-run] [--plan]
+#
+# A lease is 15 minutes of device time in all (the machine's start included), at most 10 minutes
+# per command, on a machine with no network. So the check comes in phases, each one device call:
+#   build  find cuDNN and NCCL (preflight), configure, build              (caps: 45 + 225 s)
+#   run    the steps that decide pass / fail, most informative first: the doctor, the CUDA tests,
+#          train_digits, train_cnn_digits (cuDNN), train_digits under CUDA graphs   (255 s)
+#   extra  compute-sanitizer (initcheck, racecheck, memcheck subsets) and the CUDA benchmarks,
+#          for what a lease has left; the benchmarks are informational (never fail the check)
+#   all    the three in one call (the local dry run, or a machine with time to spare).
+# Call `--phase build`, then `--phase run` at once (the machine keeps build-gpu/ while warm, 30 s).
+# `--plan` prints each phase's worst case from the caps below and the lease arithmetic, and exits.
+#
+# Every call writes at most three files under $OUT, whatever happens (the lease returns at most 8):
+#   summary.json  every step of the phases asked for: command, role (gate / info), cap, status
+#                 (passed, failed, timed_out, not_run), exit code, seconds, doctest's test cases
+#                 (a filter that matched none fails), and why; the device, the preflight's
+#                 findings, the plan; "exit": the script's status;
+#   logs.tar.gz   every log (build-gpu/gpu-check-logs/, kept across the calls of one machine);
+#   bench.jsonl   the benchmarks' JSON lines.
+# Exit status: 0 when every gate step of the phases ran and passed; 1 when one did not; 2 at once
+# (within seconds) when there is no usable device — nvidia-smi missing, failing or silent —
+# with summary.json naming the reason and every step not run; 3 for --dry-run, which runs the
+# device check and the preflight and reports every step as not run, commands and all.
+#
+# Preflight: cuDNN and NCCL from the system, the CUDA toolkit, or a Python environment's
+# nvidia/cudnn and nvidia/nccl wheels (whose libraries have only versioned names, libcudnn.so.9),
+# passed to CMake by full path (KILN_CUDNN_INCLUDE_DIR / _LIBRARY, KILN_NCCL_...) and to the
+# programs through LD_LIBRARY_PATH. GPU_CHECK_SEARCH (a colon list of directories) replaces the
+# places searched — the dry-run test uses it to see a missing library named. A step that needs a
+# missing library is reported not run, naming it.
 set -uo pipefail
+cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
-BUDGET=${GPU_CHECK_BUDGET_S:-480}
-BUILD_CAP=${GPU_CHECK_BUILD_S:-240}
-JOBS=${JOBS:-16}
 BUILD=${GPU_CHECK_BUILD_DIR:-build-gpu}
-mkdir -p "$OUT"
-: > "$OUT/summary.txt"
+JOBS=${JOBS:-16}
+LEASE_S=900  # device time of a lease, the machine's start included
+START_S=90   # a machine's start, counted against the lease (an estimate: 60-120 s seen)
+phases=build,run dry=0 plan=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --phase) phases=$2; shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    --plan) plan=1; shift ;;
+    *) echo "usage: OUT=DIR $0 [--phase build|run|extra|all|LIST] [--dry-run] [--plan]" >&2; exit 64 ;;
+  esac
+done
+[ "$phases" = all ] && phases=build,run,extra
+LOGS=$BUILD/gpu-check-logs
+mkdir -p "$OUT" "$LOGS"
+rm -f "$OUT/summary.json" "$OUT/logs.tar.gz"
 : > "$OUT/bench.jsonl"
-: > "$OUT/bench.err"
 export PATH=/usr/local/cuda/bin:$PATH
 export KILN_REQUIRE_DEVICE=1
-failed=0
+# World size 1 over the loopback: NCCL's bootstrap neither looks for nor waits on other interfaces.
+export NCCL_SOCKET_IFNAME=lo
 
-note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+# ---- the steps: name, phase, role (gate: decides pass / fail; info: reported only), cap in
+# seconds, what it needs (cudnn, nccl, sanitizer; "" nothing more than the build), command ------
+T=$BUILD/tests/kiln_tests_cuda
+S=compute-sanitizer
+names=() phase_of=() role=() cap=() needs=() cmd=()
+add() { names+=("$1"); phase_of+=("$2"); role+=("$3"); cap+=("$4"); needs+=("$5"); cmd+=("$6"); }
+add configure build gate 45 "" "cmake -S . -B $BUILD \${GEN} -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_BUILD_TESTS=ON -DKILN_BUILD_EXAMPLES=ON -DKILN_BUILD_BENCH=ON \${PREFLIGHT_CMAKE}"
+add build build gate 225 "" "cmake --build $BUILD -j$JOBS --target kiln_tests_cuda kiln-doctor train_digits train_cnn_digits bench_kernels_cuda bench_train_step_cuda"
+add doctor run gate 15 "" "$BUILD/tools/kiln-doctor --expect-gpu"
+add cuda-tests run gate 140 "" "$T"
+add train-digits-cuda run gate 40 "" "$BUILD/examples/train_digits --data-dir data"
+add train-cnn-digits-cuda run gate 35 cudnn "$BUILD/examples/train_cnn_digits --data-dir data"
+add train-digits-graphs-cuda run gate 25 "" "$BUILD/examples/train_digits --data-dir data --mode reduce_overhead"
+add initcheck extra gate 45 sanitizer "$S --tool initcheck --report-api-errors no --error-exitcode 9 $T -sf='*test_cuda_step*,*test_cuda_grad_scaler*,*test_cuda_modes*'"
+add racecheck extra gate 45 sanitizer "$S --tool racecheck --report-api-errors no --error-exitcode 9 $T -sf='*test_cuda_kernels*,*test_cuda_rowwise*' -tce='*(large)*'"
+add memcheck extra gate 120 sanitizer "$S --tool memcheck --report-api-errors no --error-exitcode 9 $T -sf='*test_cuda_step*,*test_cuda_nn*,*test_cuda_optim_loader*,*test_cuda_grad_scaler*,*test_cuda_streams*,*test_cuda_linear*' -tce='*non-blocking stream*,*waits for the kernel*,*waits for the work*,*(large)*'"
+add bench-kernels-cuda extra info 40 "" "$BUILD/bench/kernels_cuda"
+add bench-train-step-cuda extra info 60 "" "$BUILD/bench/train_step_cuda"
 
-# step NAME CAP_S STDOUT STDERR CMD... — runs CMD under timeout min(CAP_S, budget left),
-# appending its output to STDOUT and STDERR (may be the same file); notes rc and seconds. A
-# step the budget cannot start counts as a failure.
-step() {
-  local name=$1 cap=$2 out=$3 err=$4 t0=$SECONDS rc
-  shift 4
-  local left=$((BUDGET - SECONDS))
-  local limit=$((cap < left ? cap : left))
-  if ((limit < 10)); then
-    note "$name: SKIPPED (budget of ${BUDGET} s spent)"
-    failed=1
-    return 125
-  fi
-  timeout -k 10 "$limit" "$@" >> "$out" 2>> "$err"
-  rc=$?
-  local why=""
-  ((rc == 124 || rc == 137)) && why=", timed out after ${limit} s"
-  note "$name: rc=$rc ($((SECONDS - t0)) s$why)"
-  ((rc == 0)) || failed=1
-  return $rc
+in_phases() { [[ ",$phases," == *",$1,"* ]]; }
+phase_cap() {
+  local p=$1 total=0 i
+  for i in "${!names[@]}"; do [ "${phase_of[$i]}" = "$p" ] && total=$((total + cap[i])); done
+  echo $total
+}
+plan_text() {
+  local b r e
+  b=$(phase_cap build) r=$(phase_cap run) e=$(phase_cap extra)
+  echo "plan: phase caps (worst case): build ${b} s, run ${r} s, extra ${e} s"
+  echo "plan: start ${START_S} + build ${b} + run ${r} = $((START_S + b + r)) s; with a rerun of run: $((START_S + b + 2 * r)) s of the lease's ${LEASE_S} s"
+  echo "plan: extra ${e} s at its caps; build and run at theirs leave $((LEASE_S - START_S - b - r)) s: a third call only where they ended early"
+}
+if ((plan)); then
+  plan_text
+  exit 0
+fi
+
+# ---- JSON helpers -----------------------------------------------------------------------------
+json_str() {  # a JSON string of $1
+  local s=$1
+  s=${s//\\/\\\\}
+  s=${s//\"/\\\"}
+  s=${s//$'\t'/ }
+  s=${s//$'\n'/ }
+  printf '"%s"' "$s"
+}
+status=() rc=() secs=() cases=() why=()
+for i in "${!names[@]}"; do status+=(not_run) rc+=(null) secs+=(0) cases+=(null) why+=(""); done
+gpu_name="" reason="" exit_code=0
+declare -A found_inc=() found_lib=()
+
+write_summary() {
+  local i first=1
+  {
+    printf '{"script": "gpu_check", "phases": %s, "dry_run": %s, "exit": %d, "reason": %s, "gpu": %s,\n' \
+      "$(json_str "$phases")" "$([ $dry = 1 ] && echo true || echo false)" "$exit_code" "$(json_str "$reason")" \
+      "$(json_str "$gpu_name")"
+    printf ' "preflight": {'
+    local lib sep=""
+    for lib in cudnn nccl; do
+      printf '%s"%s": {"found": %s, "include": %s, "library": %s}' "$sep" "$lib" \
+        "$([ -n "${found_lib[$lib]:-}" ] && echo true || echo false)" "$(json_str "${found_inc[$lib]:-}")" \
+        "$(json_str "${found_lib[$lib]:-}")"
+      sep=", "
+    done
+    printf '},\n "plan": %s,\n "steps": [\n' "$(json_str "$(plan_text | tr '\n' ' ')")"
+    for i in "${!names[@]}"; do
+      in_phases "${phase_of[$i]}" || continue
+      ((first)) || printf ',\n'
+      first=0
+      printf '  {"name": %s, "phase": "%s", "role": "%s", "cap_s": %d, "command": %s, "status": "%s", "rc": %s, "seconds": %d, "test_cases": %s, "reason": %s}' \
+        "$(json_str "${names[$i]}")" "${phase_of[$i]}" "${role[$i]}" "${cap[$i]}" "$(json_str "${cmd[$i]}")" \
+        "${status[$i]}" "${rc[$i]}" "${secs[$i]}" "${cases[$i]}" "$(json_str "${why[$i]}")"
+    done
+    printf '\n]}\n'
+  } > "$OUT/summary.json"
+  tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2> /dev/null || true
+}
+finish() {  # finish EXIT_CODE [REASON]: every step not yet run keeps `not_run` with REASON
+  exit_code=$1
+  [ -n "${2:-}" ] && reason=$2
+  local i
+  for i in "${!names[@]}"; do
+    [ "${status[$i]}" = not_run ] && [ -z "${why[$i]}" ] && why[i]=${reason:-not reached}
+  done
+  write_summary
+  echo "gpu_check: exit $exit_code${reason:+ ($reason)}; summary in $OUT/summary.json"
+  exit "$exit_code"
 }
 
-# ---- the device, first: without one there is nothing to check ---------------------------------
-if ! nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > "$OUT/gpu.txt" 2>&1; then
-  note "no usable GPU: nvidia-smi failed: $(tail -n 1 "$OUT/gpu.txt")"
-  exit 2
+# ---- the device first: without one there is nothing to check, and nothing waits --------------
+if ! command -v nvidia-smi > /dev/null; then
+  finish 2 "no usable GPU: nvidia-smi not found"
 fi
-note "gpu: $(sed -n 2p "$OUT/gpu.txt")"
+if ! timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$LOGS/gpu.txt" 2>&1; then
+  finish 2 "no usable GPU: nvidia-smi failed: $(tail -n 1 "$LOGS/gpu.txt")"
+fi
+gpu_name=$(head -n 1 "$LOGS/gpu.txt")
+[ -n "$gpu_name" ] || finish 2 "no usable GPU: nvidia-smi listed no device"
+echo "gpu: $gpu_name"
 
-# ---- inputs the build and the examples need, with no registry to install from -----------------
-# doctest: the tests fall back to third_party/doctest when it is not installed (CMake says so).
+# ---- preflight: cuDNN and NCCL, wherever the image has them ----------------------------------
+search=()
+if [ -n "${GPU_CHECK_SEARCH:-}" ]; then
+  IFS=: read -r -a search <<< "$GPU_CHECK_SEARCH"
+else
+  search=(/usr/local/cuda /usr/local/cuda/targets/x86_64-linux /usr /usr/local /usr/lib/x86_64-linux-gnu)
+  for py in python3 /opt/torch/.venv/bin/python3 .venv-bench/bin/python; do
+    command -v "$py" > /dev/null || continue
+    while read -r site; do
+      [ -d "$site/nvidia" ] && search+=("$site/nvidia/cudnn" "$site/nvidia/nccl" "$site/nvidia/cu13" "$site/nvidia")
+    done < <(timeout 20 "$py" -c 'import site; print("\n".join(site.getsitepackages()))' 2> /dev/null)
+  done
+fi
+find_one() {  # find_one NAME HEADER LIBRARY_STEM: the first root with both the header and the library
+  local name=$1 header=$2 stem=$3 root inc lib
+  for root in "${search[@]}"; do
+    for inc in "$root/include" "$root"; do
+      [ -f "$inc/$header" ] || continue
+      for lib in "$root"/lib64/"$stem".so "$root"/lib/"$stem".so "$root"/lib/x86_64-linux-gnu/"$stem".so \
+        "$root"/lib64/"$stem".so.[0-9]* "$root"/lib/"$stem".so.[0-9]* "$root"/"$stem".so*; do
+        [ -f "$lib" ] || continue
+        found_inc[$name]=$inc found_lib[$name]=$lib
+        echo "preflight: $name: $header in $inc, library $lib" | tee -a "$LOGS/preflight.log"
+        return 0
+      done
+    done
+  done
+  echo "preflight: $name NOT FOUND ($header with $stem.so* under: ${search[*]})" | tee -a "$LOGS/preflight.log"
+  return 1
+}
+PREFLIGHT_CMAKE="" libdirs=""
+missing=()
+for name in cudnn nccl; do
+  if find_one "$name" "$name.h" "lib$name"; then
+    PREFLIGHT_CMAKE+=" -DKILN_${name^^}_INCLUDE_DIR=${found_inc[$name]} -DKILN_${name^^}_LIBRARY=${found_lib[$name]}"
+    libdirs+=":$(dirname "${found_lib[$name]}")"
+  else
+    missing+=("$name")
+  fi
+done
+export LD_LIBRARY_PATH=${libdirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+have_sanitizer=0
+command -v "$S" > /dev/null && have_sanitizer=1
 # zlib: without its headers kiln reads data/x for data/x.gz, so decompress beside them.
-if [ ! -f /usr/include/zlib.h ]; then
-  note "zlib.h missing: decompressing data/*.gz beside the originals"
+if [ ! -f /usr/include/zlib.h ] && ((!dry)); then
   for f in data/*.gz; do gunzip -kf "$f"; done
 fi
-SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer 2> /dev/null)
+GEN=""
+[ -f "$BUILD/CMakeCache.txt" ] || ! command -v ninja > /dev/null || GEN="-G Ninja"
 
-# ---- configure and build: one -j build of the needed targets ----------------------------------
-targets=(kiln_tests_cuda bench_train_step_cuda bench_policies_cuda bench_fusion_cuda bench_kernels_cuda train_digits
-         train_cnn_digits train_cifar train_gpt kiln-doctor)
-declare -A bin=([kiln_tests_cuda]=$BUILD/tests/kiln_tests_cuda [bench_train_step_cuda]=$BUILD/bench/train_step_cuda
-                [bench_policies_cuda]=$BUILD/bench/policies_cuda [bench_fusion_cuda]=$BUILD/bench/fusion_cuda
-                [bench_kernels_cuda]=$BUILD/bench/kernels_cuda [train_digits]=$BUILD/examples/train_digits
-                [train_cnn_digits]=$BUILD/examples/train_cnn_digits [train_cifar]=$BUILD/examples/train_cifar
-                [train_gpt]=$BUILD/examples/train_gpt
-                [kiln-doctor]=$BUILD/tools/kiln-doctor)
-gen=()
-[ -f "$BUILD/CMakeCache.txt" ] || ! command -v ninja > /dev/null || gen=(-G Ninja)
-step configure 120 "$OUT/configure.log" "$OUT/configure.log" cmake -S . -B "$BUILD" "${gen[@]}" \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_BUILD_TESTS=ON -DKILN_BUILD_EXAMPLES=ON \
-  -DKILN_BUILD_BENCH=ON
-# The programs are removed first (objects stay, so a rerun only relinks): a stale one never
-# passes for a new one.
-for t in "${targets[@]}"; do rm -f "${bin[$t]}"; done
-step build "$BUILD_CAP" "$OUT/build.log" "$OUT/build.log" cmake --build "$BUILD" -j"$JOBS" --target "${targets[@]}"
-declare -A built=()
-for t in "${targets[@]}"; do
-  if [ -x "${bin[$t]}" ]; then built[$t]=1; else note "build $t: FAILED (see $OUT/build.log)"; failed=1; fi
-done
-grep -E 'error|warning' "$OUT/build.log" | head -40 > "$OUT/build_problems.txt"
-# Per-file compile times (Ninja's log), slowest first: what the build bound is made of.
-[ -f "$BUILD/.ninja_log" ] && awk 'NR > 1 { printf "%.1f s %s\n", ($2 - $1) / 1000, $4 }' "$BUILD/.ninja_log" |
-  sort -rn | head -20 > "$OUT/compile_times.txt"
-
-# run TARGET NAME CAP_S STDOUT STDERR CMD... — step, when TARGET was built.
-run() {
-  local t=$1 name=$2
-  shift 2
-  if [ -z "${built[$t]:-}" ]; then
-    note "$name: SKIPPED ($t not built)"
-    failed=1
-    return
+# ---- the steps ---------------------------------------------------------------------------------
+failed=0
+for i in "${!names[@]}"; do
+  in_phases "${phase_of[$i]}" || continue
+  name=${names[$i]} log="$LOGS/${names[$i]}.log"
+  run_cmd=${cmd[$i]//\$\{GEN\}/$GEN}
+  run_cmd=${run_cmd//\$\{PREFLIGHT_CMAKE\}/$PREFLIGHT_CMAKE}
+  cmd[i]=$run_cmd
+  need=${needs[$i]}
+  if ((dry)); then
+    why[i]="dry run: not executed"
+  elif [ "$need" = cudnn ] || [ "$need" = nccl ]; then
+    [ -n "${found_lib[$need]:-}" ] || why[i]="needs $need, which the preflight did not find"
+  elif [ "$need" = sanitizer ] && ((!have_sanitizer)); then
+    why[i]="needs compute-sanitizer, not on PATH"
   fi
-  step "$name" "$@"
-}
-
-T=$BUILD/tests/kiln_tests_cuda
-# ---- issue 12: the doctor's verdict (it must name the device and pass its device checks) and the
-# memory plan on the device ----------------------------------------------------------------------
-run kiln-doctor doctor 30 "$OUT/doctor.log" "$OUT/doctor.log" "$BUILD/tools/kiln-doctor" --expect-gpu
-run train_digits plan-cuda 30 "$OUT/plan_cuda.log" "$OUT/plan_cuda.log" "$BUILD/examples/train_digits" --plan --batch 1024
-# ---- tests, benchmarks, examples --------------------------------------------------------------
-run kiln_tests_cuda cuda-tests 120 "$OUT/cuda_tests.log" "$OUT/cuda_tests.log" "$T"
-# Issue 30: nanoGPT's baby GPT on the device (kiln's fp32 attention kernels, the whole step one
-# CUDA graph under reduce_overhead): its final validation loss against the CPU's 1.88, ms per
-# iteration.
-run train_gpt train-gpt-cuda 120 "$OUT/train_gpt_cuda.log" "$OUT/train_gpt_cuda.log" \
-  "$BUILD/examples/train_gpt" --data-dir data
-run train_gpt train-gpt-bf16-cuda 120 "$OUT/train_gpt_bf16_cuda.log" "$OUT/train_gpt_bf16_cuda.log" \
-  "$BUILD/examples/train_gpt" --data-dir data --precision bf16_mixed
-# train_step_cuda runs PyTorch's CUDA eager step itself (bench/torch_train_step.py --device cuda,
-# python3 from PATH) in the same run, and fails under KILN_REQUIRE_DEVICE when it got no times.
-run bench_train_step_cuda bench-train-step-cuda 90 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/train_step_cuda"
-run bench_policies_cuda bench-policies-cuda 60 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/policies_cuda"
-run bench_kernels_cuda bench-kernels-cuda 60 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/kernels_cuda"
-run bench_fusion_cuda bench-fusion-cuda 60 "$OUT/bench.jsonl" "$OUT/bench.err" "$BUILD/bench/fusion_cuda"
-run train_digits train-digits-cuda 60 "$OUT/train_digits_cuda.log" "$OUT/train_digits_cuda.log" \
-  "$BUILD/examples/train_digits" --data-dir data
-# Issue 13: the step captured as a CUDA graph and replayed (its accuracy and epoch time against
-# the line above; bench/policies_cuda has the step times side by side).
-run train_digits train-digits-graphs-cuda 60 "$OUT/train_digits_graphs_cuda.log" "$OUT/train_digits_graphs_cuda.log" \
-  "$BUILD/examples/train_digits" --data-dir data --mode reduce_overhead
-# cuBLASLt autotuning: the first run times the heuristic's top algorithms per plan (the report
-# lists each choice against the heuristic's), the second reads them from the cache.
-for pass in 1 2; do
-  KILN_CACHE_DIR="$OUT/tune-cache" run train_digits train-digits-autotune-$pass-cuda 90 \
-    "$OUT/train_digits_autotune_$pass.log" "$OUT/train_digits_autotune_$pass.log" \
-    "$BUILD/examples/train_digits" --data-dir data --mode max_autotune
-done
-# The same binary on the CPU backend: no visible device, and no device required for this run.
-# Issue 11: 4 epochs + --resume to 10 end bit for bit where 10 epochs in one go end, on the GPU.
-run train_digits resume-cuda 60 "$OUT/resume_cuda.log" "$OUT/resume_cuda.log" \
-  bash scripts/resume_check.sh --bin "$BUILD/examples/train_digits" --data-dir data
-run train_digits train-digits-cpu 60 "$OUT/train_digits_cpu.log" "$OUT/train_digits_cpu.log" \
-  env CUDA_VISIBLE_DEVICES= KILN_REQUIRE_DEVICE=0 "$BUILD/examples/train_digits" --data-dir data
-# Issue 10: the convnets on the GPU (cuDNN) and the CNN on the CPU for comparison; ResNet-9's
-# images/s at batch 512 beside PyTorch CUDA eager and torch.compile on the same layers.
-run train_cnn_digits train-cnn-digits-cuda 90 "$OUT/train_cnn_digits_cuda.log" "$OUT/train_cnn_digits_cuda.log" \
-  "$BUILD/examples/train_cnn_digits" --data-dir data
-run train_cnn_digits train-cnn-digits-cpu 90 "$OUT/train_cnn_digits_cpu.log" "$OUT/train_cnn_digits_cpu.log" \
-  env CUDA_VISIBLE_DEVICES= KILN_REQUIRE_DEVICE=0 "$BUILD/examples/train_cnn_digits" --data-dir data
-run train_cifar train-cifar-cuda 90 "$OUT/train_cifar_cuda.log" "$OUT/train_cifar_cuda.log" \
-  "$BUILD/examples/train_cifar" --batch 512 --synthetic-images 16384 --epochs 3
-step torch-convnet-cuda 150 "$OUT/bench.jsonl" "$OUT/bench.err" \
-  python3 bench/torch_convnet.py --device cuda --models resnet9_w32 --batches 512 --variants eager,compiled
-
-# ---- compute-sanitizer on chosen subsets (doctest's -sf: source files; -tce: cases left out) ----
-# --report-api-errors no: the runtime tests fail API calls on purpose (cudaSetDevice(-1), a
-# 1 PiB cudaMalloc); everything else stays an error. The subsets keep memcheck to the step, the
-# layers, the optimizers, the loader, the scaler, the row kernels and the streams (without the
-# 2^26-element cases); racecheck to the kernels with shared memory; initcheck to the step.
-sanitize() {
-  local tool=$1 cap=$2
-  shift 2
-  if [ -z "$SANITIZER" ]; then
-    note "$tool: SKIPPED (compute-sanitizer not found)"
-    failed=1
-    return
+  if [ "${phase_of[$i]}" != build ] && ((!dry)) && [ -z "${why[$i]}" ] && [ ! -x "${run_cmd%% *}" ] &&
+    [[ "$run_cmd" != "$S "* ]]; then
+    why[i]="${run_cmd%% *} is not built (phase build first, on the same warm machine)"
   fi
-  run kiln_tests_cuda "$tool" "$cap" "$OUT/$tool.log" "$OUT/$tool.log" \
-    "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 9 "$T" "$@"
-}
-sanitize memcheck 120 -sf='*test_cuda_step*,*test_cuda_modes*,*test_cuda_nn*,*test_cuda_optim_loader*,*test_cuda_grad_scaler*,*test_cuda_kernels*,*test_cuda_rowwise*,*test_cuda_streams*,*test_cuda_linear*' \
-  -tce='*non-blocking stream*,*waits for the kernel*,*waits for the work*,*(large)*'
-sanitize racecheck 45 -sf='*test_cuda_kernels*,*test_cuda_rowwise*,*test_cuda_gpt*' -tce='*(large)*,GPT*'
-sanitize initcheck 45 -sf='*test_cuda_step*,*test_cuda_grad_scaler*,*test_cuda_modes*'
-
-# ---- nothing may have been skipped -------------------------------------------------------------
-if grep -l -i -E '(^|: |")skipped' "$OUT"/*.log "$OUT/bench.jsonl" > "$OUT/skipped.txt" 2> /dev/null; then
-  note "FAILED: a program skipped its work: $(tr '\n' ' ' < "$OUT/skipped.txt")"
-  failed=1
-fi
-
-# ---- summary ---------------------------------------------------------------------------------
-{
-  echo "---- results (total $SECONDS s)"
-  [ -f "$OUT/doctor.log" ] && grep -E '^(verdict|  device|  cuDNN|  cuBLASLt|  NCCL|  (ok|FAIL) )' "$OUT/doctor.log" |
-    sed "s/^/doctor: /"
-  for f in cuda_tests memcheck racecheck initcheck; do
-    [ -f "$OUT/$f.log" ] && grep -E '^\[doctest\] (test cases|assertions)|ERROR SUMMARY|RACECHECK SUMMARY|skipped|FAILED' \
-      "$OUT/$f.log" | sed "s/^/$f: /"
-  done
-  grep -h -E '"(train_step|policies|kernels|fusion|convnet)' "$OUT/bench.jsonl"
-  [ -f "$OUT/train_cifar_cuda.log" ] && grep -aE '^(device:|epoch|final test accuracy)' "$OUT/train_cifar_cuda.log" |
-    sed "s/^/train_cifar_cuda: /"
-  for f in train_gpt_cuda train_gpt_bf16_cuda; do
-    [ -f "$OUT/$f.log" ] && grep -aE '^(device:|final val loss|[0-9.]+ kernels per training step)' "$OUT/$f.log" |
-      sed "s/^/$f: /"
-  done
-  [ -f "$OUT/train_digits_graphs_cuda.log" ] && grep -aE '^(mode |final test accuracy)' \
-    "$OUT/train_digits_graphs_cuda.log" | sed "s/^/train_digits_graphs_cuda: /"
-  for d in cuda cpu; do
-    [ -f "$OUT/train_digits_$d.log" ] && grep -aE '^(device:|final test accuracy|[0-9.]+ kernels per training step)' \
-      "$OUT/train_digits_$d.log" | sed "s/^/train_digits_$d: /"
-    [ -f "$OUT/train_cnn_digits_$d.log" ] && grep -aE '^(device:|final test accuracy|[0-9.]+ kernels per training step)' \
-      "$OUT/train_cnn_digits_$d.log" | sed "s/^/train_cnn_digits_$d: /"
-  done
-  [ -s "$OUT/bench.err" ] && { echo "bench.err:"; tail -n 5 "$OUT/bench.err"; }
-  [ -s "$OUT/build_problems.txt" ] && echo "build problems: $(wc -l < "$OUT/build_problems.txt") lines in build_problems.txt"
-  [ -s "$OUT/compile_times.txt" ] && { echo "slowest compiles:"; head -5 "$OUT/compile_times.txt"; }
-} >> "$OUT/summary.txt" 2> /dev/null
-echo "========== summary"
-cat "$OUT/summary.txt"
-exit $failed
+  if [ -n "${why[$i]}" ]; then
+    [[ "${why[$i]}" == dry* ]] || { [ "${role[$i]}" = gate ] && failed=1; }
+    echo "$name: not run (${why[$i]})"
+    continue
+  fi
+  t0=$SECONDS
+  timeout -k 10 "${cap[$i]}" bash -c "$run_cmd" >> "$log" 2>&1
+  rc[i]=$?
+  secs[i]=$((SECONDS - t0))
+  if [[ $name == bench-* ]]; then grep -h '^{' "$log" >> "$OUT/bench.jsonl"; fi
+  n=$(grep -aoE '^\[doctest\] test cases: *[0-9]+' "$log" | tail -n 1 | grep -oE '[0-9]+$')
+  [ -n "$n" ] && cases[i]=$n
+  if ((rc[i] == 124 || rc[i] == 137)); then
+    status[i]=timed_out why[i]="stopped at its cap of ${cap[$i]} s"
+  elif ((rc[i] != 0)); then
+    status[i]=failed why[i]="exit status ${rc[$i]} (see $name.log)"
+  elif [ -n "$n" ] && ((n == 0)); then
+    status[i]=failed why[i]="its filter matched no test case"
+  elif [ "${role[$i]}" = gate ] && grep -aqiE '(^|: |")skipped' "$log"; then
+    status[i]=failed why[i]="a program skipped its work: $(grep -aiE -m1 '(^|: |")skipped' "$log" | cut -c1-160)"
+  else
+    status[i]=passed
+  fi
+  [ "${status[$i]}" = passed ] || { [ "${role[$i]}" = gate ] && failed=1; }
+  echo "$name: ${status[$i]} (${secs[$i]} s${why[$i]:+, ${why[$i]}})"
+done
+((dry)) && finish 3 "dry run: device check and preflight only${missing[*]:+; missing: ${missing[*]}}"
+((failed)) && finish 1 "a gate step did not pass${missing[*]:+; missing: ${missing[*]}}"
+finish 0
