@@ -4,7 +4,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -304,6 +306,21 @@ TEST_CASE("the executor counts its launches in its own LaunchStats") {
   CHECK(exec.stats().summary() == "3 launches: 2 elementwise, 1 reduce");
   CHECK(other.stats().launches() == 0);
   CHECK(s() == 20.0f);
+}
+
+TEST_CASE("TempPool zeroes a fresh buffer once when asked, and hands a reused one back as it is") {
+  kiln::TempPool<host> pool;
+  void* first = nullptr;
+  {
+    auto a = pool.take(4000, /*zero_fresh=*/true);
+    first = a.get();
+    const auto* bytes = static_cast<const unsigned char*>(a.get());
+    CHECK(std::all_of(bytes, bytes + 4000, [](unsigned char v) { return v == 0; }));
+    std::memset(a.get(), 0x5A, 4000);  // what a producer wrote
+  }
+  auto b = pool.take(4000, true);  // the same buffer again: not zeroed a second time
+  REQUIRE(b.get() == first);
+  CHECK(static_cast<const unsigned char*>(b.get())[3999] == 0x5A);
 }
 
 TEST_CASE("TempPool reuses returned buffers by size") {

@@ -114,6 +114,44 @@ TEST_CASE("cuDNN convolution under the deterministic policy gives the same bits 
   };
   CHECK(once() == once());
 }
+
+TEST_CASE("cuDNN convolution is captured into a CUDA graph and replays the eager result: no synchronisation inside") {
+  // Issue 32: each call allocated its workspace and waited for the stream (cudaStreamSynchronize),
+  // which invalidates a capture — every convnet fell back to eager under reduce_overhead.
+  kiln::cu::CudnnConv conv;
+  const Conv2dShape s{.n = 8, .c_in = 64, .h = 16, .w = 16, .c_out = 64, .kh = 3, .kw = 3, .stride_h = 1,
+                      .stride_w = 1, .pad_h = 1, .pad_w = 1};
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> x(std::size_t(s.n * s.c_in * s.h * s.w)), w(std::size_t(s.c_out * s.c_in * 9));
+  for (float& v : x) v = dist(rng);
+  for (float& v : w) v = dist(rng);
+  const index_t ny = s.n * s.c_out * s.out_h() * s.out_w();
+  kiln::cu::DeviceBuffer<float> dx{index_t(x.size())}, dw{index_t(w.size())}, dy{ny};
+  KILN_CUDA_CHECK(cudaMemcpy(dx.data(), x.data(), dx.size_bytes(), cudaMemcpyHostToDevice));
+  KILN_CUDA_CHECK(cudaMemcpy(dw.data(), w.data(), dw.size_bytes(), cudaMemcpyHostToDevice));
+  cudaStream_t stream = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  conv.forward(s, dx.data(), dw.data(), dy.data(), stream);  // eager: the plan and its workspace
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> eager(static_cast<std::size_t>(ny)), replayed(eager.size());
+  KILN_CUDA_CHECK(cudaMemcpy(eager.data(), dy.data(), dy.size_bytes(), cudaMemcpyDeviceToHost));
+  KILN_CUDA_CHECK(cudaMemset(dy.data(), 0xFF, dy.size_bytes()));  // NaNs until the replay writes y
+  cudaGraph_t graph = nullptr;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  conv.forward(s, dx.data(), dw.data(), dy.data(), stream);
+  const cudaError_t captured = cudaStreamEndCapture(stream, &graph);
+  REQUIRE_MESSAGE(captured == cudaSuccess, "the capture was invalidated: ", cudaGetErrorString(captured));
+  cudaGraphExec_t exec = nullptr;
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  KILN_CUDA_CHECK(cudaMemcpy(replayed.data(), dy.data(), dy.size_bytes(), cudaMemcpyDeviceToHost));
+  CHECK(replayed == eager);
+  KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  KILN_CUDA_CHECK(cudaGraphDestroy(graph));
+  KILN_CUDA_CHECK(cudaStreamDestroy(stream));
+}
 #else
 TEST_CASE("cuDNN convolution: this build has no cuDNN") {
   MESSAGE("kiln was built without cuDNN (no libcudnn next to the CUDA toolkit): the cuDNN convolution tests do not run");

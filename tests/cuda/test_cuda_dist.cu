@@ -138,3 +138,28 @@ TEST_CASE("the data-parallel Step on one GPU rebuilds its buckets in the order b
   CHECK(reducer.buckets_overlapped() >= 2);
   (void)step.take_losses(true);
 }
+
+TEST_CASE("the gradient reducer works on the executor's stream of the moment: its capture stream while a step is captured") {
+  // Issue 32: the reducer asked its construction-time stream whether a capture was under way,
+  // and queued its events there; under reduce_overhead the step runs on the executor's capture
+  // stream, so the all-reduce ran eagerly on the previous step's gradients and skipped the real
+  // ones — invisible at world size 1 (an average over one rank is exact), ranks apart from step 2.
+  kiln::CudaExecutor exec;
+  Mlp::on<kiln::cuda> model(3);
+  kiln::optim::AdamW opt(model, {.lr = 1e-2});
+  kiln::train::Step step(model, opt, exec, kiln::policy<>{}, kiln::train::CrossEntropy{},
+                         {.data_parallel = &world()});
+  auto& reducer = *step.reducer();
+  const cudaStream_t eager = exec.stream();
+  CHECK(reducer.stream() == eager);
+  kiln::cu::StepGraph graph;
+  exec.begin_capture(graph);
+  const cudaStream_t captured = exec.stream();
+  CHECK(captured != eager);
+  CHECK(reducer.stream() == captured);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(reducer.stream(), &status));
+  CHECK(status == cudaStreamCaptureStatusActive);
+  exec.end_capture();
+  CHECK(reducer.stream() == eager);
+}

@@ -465,6 +465,23 @@ TEST_CASE("CudaExecutor: a shape cuBLASLt refuses falls back alone; its ReLU bac
   CHECK(gpu.lt_fallbacks() == 6);
 }
 
+TEST_CASE("CudaExecutor: a planned GEMM cuBLASLt refuses at execution (NOT_SUPPORTED) falls back, its key remembered") {
+  // Issue 32: the heuristic's algorithm refused by cublasLtMatmul itself threw; now it is the
+  // heuristic's refusal again — nothing enqueued, the key remembered, kiln's kernels instead.
+  std::mt19937 rng(16);
+  const ReluCase refused(37, 24, 40, 9, rng);
+  Gpu gpu;
+  gpu.lt().simulate_not_supported([](const cu::MatmulArgs& x) {
+    return x.epilogue == cu::Epilogue::relu_aux_bias && x.m == 37;
+  });
+  refused.check(refused.run(gpu));
+  CHECK(gpu.lt_fallbacks() == 2);  // the forward, and the backward (no cuBLASLt mask to read)
+  CHECK(gpu.lt().cached_no_algorithm() == 1);
+  gpu.lt().simulate_not_supported({});
+  refused.check(refused.run(gpu));
+  CHECK(gpu.lt_fallbacks() == 4);  // remembered: not asked again
+}
+
 namespace {
 
 template <class S, index_t... D>

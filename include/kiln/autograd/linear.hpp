@@ -252,7 +252,10 @@ void linear_fused(Tape<Exec>& tape, const LinearOperands<T>& op, T* y_values, Va
   state->out = y_values;
   state->bias = op.bias;
   // Without a backward to come nothing needs saving; executors then skip the aux write.
-  if (!identity && op.needs_grad) state->aux = exec.temps().take(exec.template act_aux_bytes<Act, T>(m, n));
+  // An aux format with padding the backward reads (cuBLASLt's ReLU bit-mask) starts zeroed.
+  constexpr bool zero_fresh = requires { requires Exec::template act_aux_padded<Act>; };
+  if (!identity && op.needs_grad)
+    state->aux = exec.temps().take(exec.template act_aux_bytes<Act, T>(m, n), zero_fresh);
   exec.gemm(false, true, m, n, k, 1.f, op.x_values, k, op.w_values, k, 0.f, y_values, n,
             BiasAct<Act, T>{op.bias_values, state->aux.get()});
   if (!op.needs_grad) return;

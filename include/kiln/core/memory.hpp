@@ -48,6 +48,10 @@ struct memory_traits<host> {
   static void copy_from_host(void* dst, const void* src, std::size_t bytes) {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  // Sets bytes to zero (a buffer whose every byte may be read before it is written).
+  static void zero(void* dst, std::size_t bytes) {
+    if (bytes) std::memset(dst, 0, bytes);
+  }
 };
 
 }  // namespace kiln

@@ -61,7 +61,11 @@ class TempPool {
   TempPool& operator=(const TempPool&) = delete;
   ~TempPool() { clear(); }
 
-  Buffer take(std::size_t bytes) {
+  // A buffer of at least `bytes`. zero_fresh: a buffer the pool allocates now (not one it hands
+  // out again) is zeroed first, once — for contents a consumer may read in places the producer
+  // never writes (cuBLASLt's ReLU bit-mask rows past n). Not while a step is captured (the
+  // graph's pool hands those out; zeroing then would be a device-wide wait inside the capture).
+  Buffer take(std::size_t bytes, bool zero_fresh = false) {
     bytes = round_up(bytes);
     if (direct_) return Buffer(this, memory_traits<Space>::allocate(bytes), bytes, true);
     if constexpr (std::is_same_v<Space, host>)
@@ -73,7 +77,9 @@ class TempPool {
       free_.pop_back();
       return Buffer(this, p, bytes);
     }
-    return Buffer(this, memory_traits<Space>::allocate(bytes), bytes);
+    Buffer fresh(this, memory_traits<Space>::allocate(bytes), bytes);
+    if (zero_fresh) memory_traits<Space>::zero(fresh.get(), bytes);
+    return fresh;
   }
   // Frees every cached buffer (buffers still taken are unaffected).
   void clear() {

@@ -38,7 +38,12 @@ class DeviceGradientReducer {
   // throws: DistError when NCCL is missing or refuses; ValueError for bucket_bytes <= 0.
   template <class Exec>
   DeviceGradientReducer(ProcessGroup& group, const optim::ParamTable& table, DataParallelOptions options, Exec& exec)
-      : nccl_(group), table_(&table), options_(options), plan_(table, options.bucket_bytes), stream_(exec.stream()) {
+      : nccl_(group),
+        table_(&table),
+        options_(options),
+        plan_(table, options.bucket_bytes),
+        exec_(&exec),
+        exec_stream_([](const void* e) { return static_cast<const Exec*>(e)->stream(); }) {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
     KILN_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     KILN_CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
@@ -69,18 +74,23 @@ class DeviceGradientReducer {
   void broadcast_parameters() {
     nccl_.batched([&] {
       for (index_t k = 0; k < table_->count(); ++k)
-        if ((*table_)[k].size > 0) nccl_.broadcast((*table_)[k].value, (*table_)[k].size, 0, stream_);
+        if ((*table_)[k].size > 0) nccl_.broadcast((*table_)[k].value, (*table_)[k].size, 0, stream());
     });
-    nccl_.watch(stream_, "broadcast of the parameters");
+    nccl_.watch(stream(), "broadcast of the parameters");
   }
 
   bool overlaps() const { return options_.overlap; }
+  // The executor's stream as it is now (its capture stream while a step is captured).
+  cudaStream_t stream() const { return exec_stream_(exec_); }
 
   // Before the backward whose gradients the next optimizer step takes.
   void begin_backward() {
     plan_.begin();
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    KILN_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
+    // The stream the step runs on NOW: while reduce_overhead captures, the executor's capture
+    // stream, not the one it was built with (asking that one said "not capturing", and the
+    // all-reduce then ran eagerly on the previous step's gradients).
+    KILN_CUDA_CHECK(cudaStreamIsCapturing(stream(), &capturing));
     overlap_now_ = capturing == cudaStreamCaptureStatusNone;
   }
 
@@ -101,14 +111,14 @@ class DeviceGradientReducer {
     plan_.end_step();
     overlap_now_ = false;
     KILN_CUDA_CHECK(cudaEventRecord(reduced_, comm_stream_));
-    KILN_CUDA_CHECK(cudaStreamWaitEvent(stream_, reduced_, 0));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(stream(), reduced_, 0));
     nccl_.watch(comm_stream_, "the gradient all-reduce");
   }
 
  private:
   // Bucket b's gradients all-reduced on the communication stream, after the executor's work so far.
   void launch(index_t b) {
-    KILN_CUDA_CHECK(cudaEventRecord(ready_, stream_));
+    KILN_CUDA_CHECK(cudaEventRecord(ready_, stream()));
     KILN_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
     nccl_.batched([&] {
       for (index_t k : plan_.slots(b)) {
@@ -122,7 +132,8 @@ class DeviceGradientReducer {
   const optim::ParamTable* table_;
   DataParallelOptions options_;
   BucketPlan plan_;
-  cudaStream_t stream_;
+  const void* exec_;                           // the executor the step runs on
+  cudaStream_t (*exec_stream_)(const void*);   // its stream() now
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, reduced_ = nullptr;
   bool overlap_now_ = false;

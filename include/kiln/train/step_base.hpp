@@ -278,6 +278,9 @@ class StepBase {
     }
     KILN_CHECK(options_.loss_window >= 1, ValueError, "train::Step: loss_window must be >= 1, got ",
                options_.loss_window);
+    // take_losses copies the whole ring, slots no step has written yet included: zeros, not
+    // uninitialised memory (compute-sanitizer's initcheck reports the read otherwise).
+    memory_traits<space>::zero(window_.data(), window_.bytes());
     exec.allow_tf32(info.tf32);
     if (info.bf16)
       KILN_CHECK(exec.supports_bf16(), ValueError, "train::Step: precision bf16_mixed needs bfloat16 arithmetic, ",

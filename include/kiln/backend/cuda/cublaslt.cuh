@@ -74,7 +74,9 @@
 // Plans are never evicted (a training loop sees a handful of shapes); clear_plans() drops them.
 // A key for which the heuristic found no algorithm is remembered too: a repeat fails at once
 // (LtNoAlgorithm from matmul, false from try_matmul) without asking the heuristic again, and only
-// that key — every other shape and epilogue keeps its plan.
+// that key — every other shape and epilogue keeps its plan. So is a key whose planned call
+// cublasLtMatmul refused with CUBLAS_STATUS_NOT_SUPPORTED: its plan is dropped and the caller
+// falls back, as if the heuristic had found nothing.
 #pragma once
 
 #include <cublasLt.h>
@@ -481,9 +483,21 @@ class Lt {
     if (x.aux != nullptr) detail::lt_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x.aux);
     void* workspace = plan.workspace_bytes > 0 ? workspace_for_locked(stream) : nullptr;
     const void* c = x.c != nullptr ? x.c : x.d;  // beta == 0 here: C is not read
-    KILN_CUBLAS_CHECK(cublasLtMatmul(handle_, desc, &x.alpha, x.b, plan.a.get(), x.a, plan.b.get(),
-                                     &x.beta, c, plan.c.get(), x.d, plan.d.get(), &plan.algo,
-                                     workspace, plan.workspace_bytes, stream));
+    const cublasStatus_t status =
+        refuse_execution_ && refuse_execution_(x)
+            ? CUBLAS_STATUS_NOT_SUPPORTED
+            : cublasLtMatmul(handle_, desc, &x.alpha, x.b, plan.a.get(), x.a, plan.b.get(), &x.beta, c,
+                             plan.c.get(), x.d, plan.d.get(), &plan.algo, workspace, plan.workspace_bytes, stream);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+      // The heuristic offered the algorithm and the call refused it (whether cuBLASLt does this
+      // is unmeasured: issue 32). Nothing was enqueued: the key is remembered as having no
+      // algorithm, and the caller computes the product its other way.
+      const Key key = key_of(x);
+      plans_.erase(key);
+      no_algorithm_.emplace(key, status);
+      return false;
+    }
+    KILN_CUBLAS_CHECK(status);
     return true;
   }
 
@@ -511,6 +525,13 @@ class Lt {
   void simulate_no_algorithm(std::function<bool(const MatmulArgs&)> refuse) {
     std::lock_guard<std::mutex> lock(mutex_);
     refuse_ = std::move(refuse);
+  }
+
+  // The same at execution: a planned call whose arguments satisfy `refuse` behaves as if
+  // cublasLtMatmul had returned CUBLAS_STATUS_NOT_SUPPORTED (try_matmul: false, key remembered).
+  void simulate_not_supported(std::function<bool(const MatmulArgs&)> refuse) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    refuse_execution_ = std::move(refuse);
   }
 
   // Lets `chooser` pick each new plan's algorithm among the heuristic's (nullptr: the heuristic's
@@ -661,6 +682,7 @@ class Lt {
   std::map<Key, std::unique_ptr<detail::LtPlan>> plans_;
   std::map<Key, cublasStatus_t> no_algorithm_;  // keys the heuristic found nothing for, and why
   std::function<bool(const MatmulArgs&)> refuse_;  // simulate_no_algorithm's filter
+  std::function<bool(const MatmulArgs&)> refuse_execution_;  // simulate_not_supported's filter
   LtAlgoChooser* chooser_ = nullptr;                 // set_algo_chooser's
   std::vector<std::pair<cudaStream_t, DeviceBuffer<std::byte>>> workspaces_;
 };

@@ -29,6 +29,7 @@
 
 #include <cudnn.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -136,6 +137,9 @@ class CudnnConv {
   ~CudnnConv() {
     plans_.clear();  // plans hold descriptors made with the handle
     if (handle_) cudnnDestroy(handle_);
+    // The workspaces go back to an allocator that is not stream-aware: not while a queued
+    // convolution may still use them.
+    if (workspace_bytes_ > 0) (void)cudaDeviceSynchronize();
   }
 
   // y = conv(x, w) (y overwritten). Device pointers; runs on `stream`.
@@ -179,19 +183,33 @@ class CudnnConv {
     s.check("kiln::cu::CudnnConv");
     KILN_CUDNN_CHECK(cudnnSetStream(handle_, stream));
     Plan& p = plan<T>(pass, s, accumulate);
-    DeviceBuffer<unsigned char> workspace(p.workspace, *allocator_);
     std::array<std::int64_t, 3> uids{uid_x, uid_w, uid_y};
     std::array<void*, 3> ptrs{data[0], data[1], data[2]};
-    void* ws = workspace.data();
+    void* ws = workspace(std::size_t(p.workspace));
     detail::BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
     pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids.data())
         .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs.data())
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
     pack.finalize();
     KILN_CUDNN_CHECK(cudnnBackendExecute(handle_, p.plan->get(), pack.get()));
-    // The workspace goes back to the allocator now; it is not stream-aware, so wait for the
-    // convolution that uses it (as the executor does for its own temporaries).
-    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+
+  // The handle's workspace, at least `bytes`: kept across calls, so a convolution neither
+  // allocates nor waits for the device (a cudaStreamSynchronize per call broke every CUDA-graph
+  // capture — convnets fell back to eager under reduce_overhead — and cost a host wait per
+  // convolution). Grown geometrically when a plan needs more; the smaller buffers it replaces
+  // stay allocated until the handle goes, since work still queued, or a captured graph, may use
+  // them (the allocator is not stream-aware). A growth inside a capture takes its block from the
+  // graph's pool, which stays alive while the block is held.
+  void* workspace(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    if (bytes > workspace_bytes_) {
+      const std::size_t grown = std::max(bytes, 2 * workspace_bytes_);
+      retired_.push_back(std::move(workspace_));
+      workspace_ = DeviceBuffer<unsigned char>(index_t(grown), *allocator_);
+      workspace_bytes_ = grown;
+    }
+    return workspace_.data();
   }
 
   template <class T>
@@ -306,6 +324,9 @@ class CudnnConv {
   CachingAllocator* allocator_;
   cudnnHandle_t handle_ = nullptr;
   std::map<Key, Plan> plans_;
+  DeviceBuffer<unsigned char> workspace_;
+  std::size_t workspace_bytes_ = 0;
+  std::vector<DeviceBuffer<unsigned char>> retired_;  // outgrown workspaces (see workspace())
 };
 
 }  // namespace kiln::cu

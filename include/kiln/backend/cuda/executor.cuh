@@ -449,6 +449,11 @@ class CudaExecutor {
     else if constexpr (std::is_same_v<Act, fn::Relu>) return std::size_t(cu::relu_mask_bytes(m, n));
     else return std::size_t(m * cu::act_aux_ld<Act>(n)) * sizeof(T);
   }
+  // Whether Act's aux buffer has padding a backward may read but no forward writes: the ReLU
+  // bit-mask's rows run to relu_mask_ld(n) bits, and what cuBLASLt writes past n is unmeasured
+  // (issue 32: compute-sanitizer's initcheck). Such buffers start zeroed (TempPool::take).
+  template <class Act>
+  static constexpr bool act_aux_padded = std::is_same_v<Act, fn::Relu>;
   // on = false computes every GEMM epilogue with a plain GEMM and kiln's kernels instead of
   // cuBLASLt's, as happens by itself, per GEMM, where cuBLASLt has no kernel for the request (cu::Lt
   // remembers those plan keys; other shapes keep their epilogues); for tests and comparisons. Safe
