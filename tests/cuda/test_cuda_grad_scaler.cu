@@ -201,6 +201,48 @@ TEST_CASE("GradScaler on CUDA: the cached device table follows the table it is g
   CHECK(ds.scale() == 128.0f);
 }
 
+namespace {
+// Holds its stream for about `cycles` clock ticks: work queued behind it waits that long.
+__global__ void spin_for(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+}  // namespace
+
+TEST_CASE("GradScaler on CUDA: a new table never frees the device table a queued pass still reads") {
+  // Issue 32: a table change freed the old upload at once, and the new upload (a legacy-stream
+  // copy) refilled the same blocks while the pass queued on the executor's non-blocking stream
+  // had not yet read them: that pass then unscaled the new table's gradients instead of its own.
+  ScalerStream stream;
+  CudaExecutor dev(stream.s);
+  CpuExecutor cpu;
+  Twin a({3 * 4096 + 1, 7}), b({3 * 4096 + 1, 7});  // the same sizes: the freed blocks serve the new upload
+  const GradScalerOptions o{.init_scale = 4.0, .growth_interval = 1000};
+  GradScaler<kiln::host> hs(o);
+  GradScaler<kiln::cuda> ds(o);
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (Twin* t : {&a, &b}) {
+    for (auto& g : t->grad)
+      for (float& x : g) x = u(rng);
+    t->upload(stream.s);
+  }
+  hs.unscale_and_check(a.host, cpu);
+  hs.update(cpu);
+  hs.unscale_and_check(b.host, cpu);
+  hs.update(cpu);
+  spin_for<<<1, 1, 0, stream.s>>>(400'000'000);  // ~0.2 s: the passes below wait behind it
+  KILN_CUDA_CHECK(cudaGetLastError());
+  ds.unscale_and_check(a.device, dev);  // queued: reads a's table when the spin ends
+  ds.update(dev);
+  ds.unscale_and_check(b.device, dev);  // a new table while a's pass is still queued
+  ds.update(dev);
+  for (Twin* t : {&a, &b})
+    for (std::size_t k = 0; k < t->grad.size(); ++k) CHECK(same_bits(t->device_grad(k, stream.s), t->grad[k]));
+  CHECK(same_state(ds.state(), hs.state()));
+}
+
 TEST_CASE("GradScaler on CUDA: a skipped AdamW step leaves device parameters and moments bit for bit") {
   ScalerStream stream;
   CudaExecutor dev(stream.s);

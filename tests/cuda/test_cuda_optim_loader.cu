@@ -787,6 +787,30 @@ TEST_SUITE("cuda device loader") {
     }
   }
 
+  TEST_CASE("a new DeviceLoader's first uploads wait for the consumer stream's work on the memory they reuse") {
+    // Issue 32: a slot's first upload waited on an event never recorded (no wait), into device
+    // buffers the allocator may have just taken back from work still queued on the consumer
+    // stream — here a late write into the block the first slot's features get.
+    const Dataset ds = make_dataset(256, 33);
+    const LoaderOptions opt{.batch_size = 64, .seed = 5, .workers = 0};
+    Loader host(ds, opt), reference(ds, opt);
+    TestStream consumer;
+    {
+      DeviceBuffer<float> freed(64 * 33);  // a slot's features: its block serves the loader next
+      spin<<<1, 1, 0, consumer.s>>>(400'000'000);  // ~0.2 s
+      KILN_CUDA_CHECK(cudaGetLastError());
+      KILN_CUDA_CHECK(cudaMemsetAsync(freed.data(), 0xFF, freed.size_bytes(), consumer.s));
+    }  // back to the allocator with the write still queued
+    DeviceLoader loader(host, consumer.s);
+    loader.start_epoch(0);
+    reference.start_epoch(0);
+    const DeviceBatch* db = loader.next();
+    REQUIRE(db != nullptr);
+    const Batch* hb = reference.next();
+    REQUIRE(hb != nullptr);
+    check_batch(*db, *hb, consumer.s);  // NaNs where the late write landed on the upload
+  }
+
   TEST_CASE("a slot is not overwritten while the consumer stream still reads it") {
     // The consumer never waits on the host: each batch is copied (device to device) into a
     // transcript behind a spin, while next() keeps uploading ahead. Only the events keep batch i's
@@ -859,4 +883,37 @@ TEST_SUITE("cuda device loader") {
     loader.start_epoch(2);
     CHECK(loader.next()->index == 0);
   }
+}
+
+TEST_CASE("a captured step keeps the gradient flags of its capture: eager calls with other flags do not change its replays") {
+  // Issue 32: the flags went through a pinned staging block copied by cudaMemcpyAsync, whose
+  // address a captured graph kept — a replay read whatever later eager calls had staged there —
+  // and the blocks' reuse waited on events (cudaEventSynchronize, not allowed in a capture).
+  CudaExecutor exec;
+  DeviceBuffer<float> v0(4), g0(4), v1(4), g1(4);
+  bool has0 = true, has1 = false;
+  kiln::optim::CudaParamTable table(ParamTable{{v0.data(), g0.data(), 4, &has0}, {v1.data(), g1.data(), 4, &has1}});
+  const std::vector<float> ones(4, 1.0f);
+  for (DeviceBuffer<float>* g : {&g0, &g1})
+    KILN_CUDA_CHECK(cudaMemcpy(g->data(), ones.data(), g->size_bytes(), cudaMemcpyHostToDevice));
+  auto scale = [&](float c) {
+    kiln::optim::detail::with_active_slots(table, exec.stream(), [&](const kiln::optim::SlotStep* slots) {
+      table.apply(exec, kiln::optim::detail::ScaleGradOp{c, slots});
+    });
+  };
+  kiln::cu::StepGraph graph;
+  exec.begin_capture(graph);
+  scale(2.0f);  // parameter 0 has a gradient, parameter 1 not
+  exec.end_capture();
+  REQUIRE_MESSAGE(graph.replayable(), graph.not_replayable());
+  has0 = false;
+  has1 = true;
+  for (int i = 0; i < 5; ++i) scale(3.0f);  // eager, the other way round: g1 becomes 3^5
+  graph.replay(exec.stream(), exec.stats(), false);
+  KILN_CUDA_CHECK(cudaStreamSynchronize(exec.stream()));
+  std::vector<float> got0(4), got1(4);
+  KILN_CUDA_CHECK(cudaMemcpy(got0.data(), g0.data(), g0.size_bytes(), cudaMemcpyDeviceToHost));
+  KILN_CUDA_CHECK(cudaMemcpy(got1.data(), g1.data(), g1.size_bytes(), cudaMemcpyDeviceToHost));
+  CHECK(got0 == std::vector<float>(4, 2.0f));    // scaled by the replay alone
+  CHECK(got1 == std::vector<float>(4, 243.0f));  // by the eager calls alone
 }

@@ -113,6 +113,11 @@ class DeviceLoader {
       s.h_labels = cu::PinnedBuffer<std::int32_t>(b);
       s.d_features = cu::DeviceBuffer<float>(b * d);
       s.d_labels = cu::DeviceBuffer<std::int32_t>(b);
+      // The slot's first upload waits for what the consumer stream has queued by now: the
+      // allocator is not stream-aware, so these device buffers may be blocks that work still
+      // queued there uses (a step's freed temporaries, train::accuracy's new loader right after
+      // it). Without a record the event has never fired, and the wait on it is no wait at all.
+      KILN_CUDA_CHECK(cudaEventRecord(s.consumed.get(), consumer_));
     }
   }
 

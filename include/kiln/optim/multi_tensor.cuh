@@ -9,15 +9,20 @@
 // kind laid out by flat offset, as on the CPU, so parameter k's state starts at offset(k).
 //
 // Which parameters have a gradient is read on the host at each call (ParamSlot::has_grad). When
-// every one has, the kernels need no per-parameter information; otherwise a small array of
-// SlotSteps is copied to the device with cudaMemcpyAsync from a pinned staging block ahead of the
-// launch, so the host does not wait for the device (launch_with_slot_steps).
+// every one has, the kernels need no per-parameter information; otherwise the flags travel as a
+// kernel argument (a bit set, by value) to a one-block kernel that writes them into the table's
+// device array of SlotSteps ahead of the launch (launch_with_slot_steps): the host never waits,
+// and a CUDA graph that captures the step holds the flags of the moment it was captured. (A
+// pinned staging block copied with cudaMemcpyAsync, as before, baked the block's address into a
+// captured graph, whose replays then read whatever later eager steps had written there, and its
+// reuse waited on events — cudaEventSynchronize is not allowed inside a capture.)
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -26,7 +31,6 @@
 #include "kiln/backend/cuda/allocator.cuh"
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/backend/cuda/executor.cuh"
-#include "kiln/backend/cuda/pinned.cuh"
 #include "kiln/config.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/stats.hpp"
@@ -57,11 +61,27 @@ struct ParamChunk {
   index_t begin;
 };
 
+// Up to `capacity` SlotSteps' `active` flags as bits, passed by value to write_slot_steps (256
+// bytes of kernel arguments: far inside the 4 KiB limit); more slots take more launches.
+struct SlotStepBits {
+  static constexpr index_t capacity = 2048;
+  index_t first = 0, count = 0;  // slots [first, first + count)
+  std::uint32_t words[capacity / 32] = {};
+};
+
 }  // namespace kiln::optim
 
 namespace kiln::cu::kernels {
 
 inline constexpr int multi_tensor_threads = 256;
+
+// out[first + i].active = bit i of the argument, for i < count. (A template, as every kernel of
+// a header: one definition whichever files include it.)
+template <int = 0>
+KILN_GLOBAL void write_slot_steps(optim::SlotStepBits bits, optim::SlotStep* out) {
+  for (index_t i = threadIdx.x; i < bits.count; i += blockDim.x)
+    out[bits.first + i].active = ((bits.words[i >> 5] >> (i & 31)) & 1u) != 0;
+}
 
 // Whether an op keeps per-parameter state that advances once per launch (see below).
 template <class Op>
@@ -183,51 +203,30 @@ class CudaParamTable {
   // Blocks for a launch over the chunk list: the device's resident capacity at most.
   unsigned grid() const { return unsigned(std::min(chunk_count(), max_blocks_)); }
 
-  // Runs fill(host) to write count() SlotSteps, copies them to the device on `stream` and runs
-  // launch(d_steps), which enqueues the kernels that read them on `stream`. Nothing waits for the
-  // device: the copy reads a pinned staging block (a pageable source may synchronise), and each of
-  // the `staging_depth` blocks is rewritten only after the event recorded behind its kernels has
-  // passed — the host waits only when it runs that many such launches ahead of the device.
-  // The blocks are allocated on first use.
+  // Runs fill(host) to write count() SlotSteps on the host, writes them into the table's device
+  // array on `stream` (write_slot_steps, the flags as its argument) and runs launch(d_steps),
+  // which enqueues the kernels that read them on `stream`. Nothing waits for the device, nothing
+  // is staged in host memory, and all of it can be captured. The device array is reused by the
+  // next call: callers run on one stream (the executor's), which orders each call's kernels
+  // after the previous call's readers.
   template <class Fill, class Launch>
   void launch_with_slot_steps(cudaStream_t stream, Fill&& fill, Launch&& launch) const {
-    if (staging_.empty())
-      for (int i = 0; i < staging_depth; ++i)
-        staging_.push_back({cu::PinnedBuffer<SlotStep>(count()), cu::DeviceBuffer<SlotStep>(count()), {}});
-    StagingBlock& b = staging_[next_block_];
-    next_block_ = (next_block_ + 1) % staging_.size();
-    KILN_CUDA_CHECK(cudaEventSynchronize(b.done.get()));  // normally long passed
-    fill(std::span<SlotStep>(b.host.data(), std::size_t(count())));
-    if (count() > 0)
-      KILN_CUDA_CHECK(cudaMemcpyAsync(b.device.data(), b.host.data(), b.device.size_bytes(), cudaMemcpyHostToDevice,
-                                      stream));
-    launch(static_cast<const SlotStep*>(b.device.data()));
-    KILN_CUDA_CHECK(cudaEventRecord(b.done.get(), stream));
+    if (slot_steps_.size() < count()) slot_steps_ = cu::DeviceBuffer<SlotStep>(count());
+    host_steps_.resize(std::size_t(count()));
+    fill(std::span<SlotStep>(host_steps_.data(), host_steps_.size()));
+    for (index_t first = 0; first < count(); first += SlotStepBits::capacity) {
+      SlotStepBits bits;
+      bits.first = first;
+      bits.count = std::min(SlotStepBits::capacity, count() - first);
+      for (index_t i = 0; i < bits.count; ++i)
+        if (host_steps_[std::size_t(first + i)].active) bits.words[i >> 5] |= 1u << (i & 31);
+      cu::kernels::write_slot_steps<><<<1, cu::kernels::multi_tensor_threads, 0, stream>>>(bits, slot_steps_.data());
+      KILN_CUDA_CHECK(cudaGetLastError());
+    }
+    launch(static_cast<const SlotStep*>(slot_steps_.data()));
   }
-  static constexpr int staging_depth = 4;
 
  private:
-  // An event for ordering only; a fresh one counts as passed.
-  class Event {
-   public:
-    Event() { KILN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
-    Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-    Event& operator=(Event&&) = delete;
-    Event(const Event&) = delete;
-    ~Event() {
-      if (event_ != nullptr && cudaEventDestroy(event_) != cudaSuccess) (void)cudaGetLastError();
-    }
-    cudaEvent_t get() const noexcept { return event_; }
-
-   private:
-    cudaEvent_t event_ = nullptr;
-  };
-  struct StagingBlock {
-    cu::PinnedBuffer<SlotStep> host;
-    cu::DeviceBuffer<SlotStep> device;
-    Event done;  // recorded behind the last kernels that read `device`
-  };
-
   void check_pointers() const {
     int device = 0, pageable = 0;
     KILN_CUDA_CHECK(cudaGetDevice(&device));
@@ -252,8 +251,8 @@ class CudaParamTable {
   cu::DeviceBuffer<CudaParamEntry> entries_;
   cu::DeviceBuffer<ParamChunk> chunks_;
   index_t max_blocks_ = 1;
-  mutable std::vector<StagingBlock> staging_;
-  mutable std::size_t next_block_ = 0;
+  mutable cu::DeviceBuffer<SlotStep> slot_steps_;  // launch_with_slot_steps' device array
+  mutable std::vector<SlotStep> host_steps_;        // and its host side, filled per call
 };
 
 namespace detail {

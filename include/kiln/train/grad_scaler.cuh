@@ -48,7 +48,13 @@ class ScalerBackend<cuda> {
 
   void unscale_and_check(ScalerState* state, const optim::ParamTable& table, CudaExecutor& exec) {
     if (!table_ || !same_slots(table_->table(), table)) {
-      table_.reset();  // the old upload goes before the new one is made
+      // The old upload goes before the new one is made — once the passes queued on it have run:
+      // the allocator is not stream-aware, and the new table's upload (a legacy-stream copy,
+      // not ordered with a non-blocking executor stream) would refill the freed blocks under a
+      // pass still waiting to read them. A new table is rare (a training loop keeps one), and
+      // its upload synchronises the device anyway.
+      if (table_) KILN_CUDA_CHECK(cudaStreamSynchronize(exec.stream()));
+      table_.reset();
       table_.emplace(table);
     }
     optim::detail::with_active_slots(*table_, exec.stream(), [&](const optim::SlotStep* slots) {
