@@ -18,7 +18,8 @@
 #   summary.json  every step of the phases asked for: command, role (gate / info), cap, status
 #                 (passed, failed, timed_out, not_run), exit code, seconds, doctest's test cases
 #                 (a filter that matched none fails), and why; the device, the preflight's
-#                 findings, the plan; "exit": the script's status;
+#                 findings, the tests' "observed:" messages (what cuBLASLt was seen to do), the
+#                 plan; "exit": the script's status;
 #   logs.tar.gz   every log (build-gpu/gpu-check-logs/, kept across the calls of one machine);
 #   bench.jsonl   the benchmarks' JSON lines.
 # Exit status: 0 when every gate step of the phases ran and passed; 1 when one did not; 2 at once
@@ -123,7 +124,15 @@ write_summary() {
         "$(json_str "${found_lib[$lib]:-}")"
       sep=", "
     done
-    printf '},\n "plan": %s,\n "steps": [\n' "$(json_str "$(plan_text | tr '\n' ' ')")"
+    printf '},\n "observations": ['
+    # What the tests observed of behaviour nobody has measured yet (their "observed:" messages,
+    # e.g. what cuBLASLt's ReLU epilogue does with NaN).
+    sep=""
+    while IFS= read -r line; do
+      printf '%s%s' "$sep" "$(json_str "$line")"
+      sep=", "
+    done < <(cat "$LOGS"/*.log 2> /dev/null | grep -aoE 'observed: .*' | sort -u)
+    printf '],\n "plan": %s,\n "steps": [\n' "$(json_str "$(plan_text | tr '\n' ' ')")"
     for i in "${!names[@]}"; do
       in_phases "${phase_of[$i]}" || continue
       ((first)) || printf ',\n'

@@ -69,6 +69,7 @@ assert phases == {"build", "run", "extra"}, phases
 assert d["gpu"].startswith("NVIDIA H200 (stub)"), d["gpu"]
 assert all(s["reason"].startswith("dry run") for s in d["steps"])
 assert {s["role"] for s in d["steps"]} == {"gate", "info"}
+assert d["observations"] == [], d["observations"]  # no test ran: nothing observed
 EOF
 tar -tzf "$work/out3/logs.tar.gz" | grep -q preflight.log || fail "dry run: the tarball has no preflight.log"
 (($(ls "$work/out3" | wc -l) <= 8)) || fail "dry run: more than 8 files in OUT"

@@ -19,14 +19,18 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
+#include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "kiln/backend/cuda/check.cuh"
 #include "kiln/backend/cuda/cublaslt.cuh"
@@ -493,7 +497,7 @@ class CudaExecutor {
       x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     } else if constexpr (cu::lt_activation_v<Act>) {
       constexpr bool relu = std::is_same_v<Act, fn::Relu>;
-      if (lt_epilogues_) {
+      if (lt_epilogues_ && (!relu || lt_relu_keeps_nan())) {
         using E = cu::Epilogue;
         if (ep.bias && relu) x.epilogue = save ? E::relu_aux_bias : E::relu_bias;
         else if (ep.bias) x.epilogue = save ? E::gelu_aux_bias : E::gelu_bias;
@@ -645,6 +649,44 @@ class CudaExecutor {
 
   bool try_lt(const cu::MatmulArgs& x) { return lt_epilogues_ && lt_.try_matmul(x, stream_); }
 
+ public:
+  // Whether cuBLASLt's ReLU epilogue keeps kiln's contract relu(NaN) = NaN (README, "ReLU and
+  // NaN"): NVIDIA does not document it, and an fmax-style ReLU gives 0. Probed once per executor,
+  // on its stream, with a 16 x 16 x 16 GEMM whose bias holds a NaN (the host waits for it);
+  // false makes every ReLU epilogue take the GEMM and kiln's kernel (counted in lt_fallbacks).
+  // Inside a capture before the first probe: false, not remembered (a probe cannot wait there).
+  // Also true when cuBLASLt has no ReLU epilogue for the probe's shape (nothing to keep then).
+  bool lt_relu_keeps_nan() {
+    if (relu_nan_probe_) return *relu_nan_probe_;
+    if (capture_ != nullptr) return false;
+    constexpr index_t n = 16;
+    cu::DeviceBuffer<float> buf(3 * n * n + n);
+    float* a = buf.data();
+    float* b = a + n * n;
+    float* d = b + n * n;
+    float* bias = d + n * n;
+    std::vector<float> host(std::size_t(3 * n * n + n), 0.5f);
+    host[std::size_t(3 * n * n + 3)] = std::numeric_limits<float>::quiet_NaN();  // bias[3]
+    KILN_CUDA_CHECK(cudaMemcpyAsync(a, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    cu::MatmulArgs x = lt_args(false, true, n, n, n, 1.f, a, n, b, n, 0.f, d, n);
+    x.epilogue = cu::Epilogue::relu_bias;
+    x.bias = bias;
+    x.bias_f32 = true;
+    bool keeps = true;
+    if (lt_.try_matmul(x, stream_)) {
+      KILN_CUDA_CHECK(cudaMemcpyAsync(host.data(), d, std::size_t(n * n) * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream_));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (index_t i = 0; i < n; ++i) keeps = keeps && std::isnan(host[std::size_t(i * n + 3)]);
+    } else {
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // buf goes back to the allocator
+    }
+    relu_nan_probe_ = keeps;
+    return keeps;
+  }
+
+ private:
+
   // try_lt for x, whose epilogue writes a bias gradient (length `len`): to dbias or, when the
   // gradient must be added (cuBLASLt only overwrites), to scratch that one more kernel adds.
   template <class T>
@@ -754,6 +796,7 @@ class CudaExecutor {
   cudaStream_t stream_;
   bool allow_tf32_ = false;
   bool lt_epilogues_ = true;
+  std::optional<bool> relu_nan_probe_;  // lt_relu_keeps_nan's answer, once probed
   std::size_t lt_fallbacks_ = 0;
   std::size_t gemm_fallbacks_ = 0;
   std::unordered_map<const void*, std::pair<index_t, index_t>> relu_masks_;
