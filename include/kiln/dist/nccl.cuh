@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -67,6 +68,10 @@ class NcclGroup {
         timeout_(timeout_seconds > 0 ? timeout_seconds : dist::timeout_seconds()) {
 #if KILN_HAVE_NCCL
     KILN_CUDA_CHECK(cudaGetDevice(&device_));
+    // One rank talks to no one, but NCCL's bootstrap still opens sockets on the interfaces it
+    // finds, and ncclCommInitRank blocks — before any watchdog runs — where one of them does not
+    // answer (seen in sandboxes and VMs). The loopback always does: chosen unless the user chose.
+    if (size_ == 1) ::setenv("NCCL_SOCKET_IFNAME", "lo", /*overwrite=*/0);
     ncclUniqueId id{};
     if (rank_ == 0) check("ncclGetUniqueId", 0, ncclGetUniqueId(&id));
     group.share_from_root(&id, sizeof id);
