@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared check for a lent GPU (an H200 or H100), run from the repository root:
 #
-#   OUT=DIR bash scripts/gpu_check.sh [--phase build|run|extra|all|LIST] [--dry-run] [--plan]
+#   OUT=DIR bash scripts/gpu_check.sh [--phase build|run|extra|gpt|all|LIST] [--dry-run] [--plan]
 #
 # A lease is 15 minutes of device time in all (the machine's start included), at most 10 minutes
 # per command, on a machine with no network. So the check comes in phases, each one device call:
@@ -10,7 +10,8 @@
 #          train_digits, train_cnn_digits (cuDNN), train_digits under CUDA graphs   (255 s)
 #   extra  compute-sanitizer (initcheck, racecheck, memcheck subsets) and the CUDA benchmarks,
 #          for what a lease has left; the benchmarks are informational (never fail the check)
-#   all    the three in one call (the local dry run, or a machine with time to spare).
+#   gpt    issue 30's: build train_gpt and train nanoGPT's baby GPT on the device (380 s)
+#   all    every phase in one call (the local dry run, or a machine with time to spare).
 # Call `--phase build`, then `--phase run` at once (the machine keeps build-gpu/ while warm, 30 s).
 # `--plan` prints each phase's worst case from the caps below and the lease arithmetic, and exits.
 #
@@ -46,10 +47,10 @@ while [ $# -gt 0 ]; do
     --phase) phases=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --plan) plan=1; shift ;;
-    *) echo "usage: OUT=DIR $0 [--phase build|run|extra|all|LIST] [--dry-run] [--plan]" >&2; exit 64 ;;
+    *) echo "usage: OUT=DIR $0 [--phase build|run|extra|gpt|all|LIST] [--dry-run] [--plan]" >&2; exit 64 ;;
   esac
 done
-[ "$phases" = all ] && phases=build,run,extra
+[ "$phases" = all ] && phases=build,run,extra,gpt
 LOGS=$BUILD/gpu-check-logs
 mkdir -p "$OUT" "$LOGS"
 rm -f "$OUT/summary.json" "$OUT/logs.tar.gz"
@@ -77,6 +78,11 @@ add racecheck extra gate 45 sanitizer "$S --tool racecheck --report-api-errors n
 add memcheck extra gate 120 sanitizer "$S --tool memcheck --report-api-errors no --error-exitcode 9 $T -sf='*test_cuda_step*,*test_cuda_nn*,*test_cuda_optim_loader*,*test_cuda_grad_scaler*,*test_cuda_streams*,*test_cuda_linear*' -tce='*non-blocking stream*,*waits for the kernel*,*waits for the work*,*(large)*'"
 add bench-kernels-cuda extra info 40 "" "$BUILD/bench/kernels_cuda"
 add bench-train-step-cuda extra info 60 "" "$BUILD/bench/train_step_cuda"
+# Issue 30's: nanoGPT's baby GPT on the device, fp32 and bf16_mixed (its own call: the GPT's
+# program is a heavy translation unit of its own).
+add build-gpt gpt gate 200 "" "cmake --build $BUILD -j$JOBS --target train_gpt"
+add train-gpt-cuda gpt gate 90 "" "$BUILD/examples/train_gpt --data-dir data"
+add train-gpt-bf16-cuda gpt info 90 "" "$BUILD/examples/train_gpt --data-dir data --precision bf16_mixed"
 
 in_phases() { [[ ",$phases," == *",$1,"* ]]; }
 phase_cap() {
@@ -90,6 +96,7 @@ plan_text() {
   echo "plan: phase caps (worst case): build ${b} s, run ${r} s, extra ${e} s"
   echo "plan: start ${START_S} + build ${b} + run ${r} = $((START_S + b + r)) s; with a rerun of run: $((START_S + b + 2 * r)) s of the lease's ${LEASE_S} s"
   echo "plan: extra ${e} s at its caps; build and run at theirs leave $((LEASE_S - START_S - b - r)) s: a third call only where they ended early"
+  echo "plan: gpt $(phase_cap gpt) s at its caps, after build (configure): a lease of its own, or what is left"
 }
 if ((plan)); then
   plan_text

@@ -65,7 +65,7 @@ python3 - "$work/out3/summary.json" << 'EOF' || exit 1
 import json, sys
 d = json.load(open(sys.argv[1]))
 phases = {s["phase"] for s in d["steps"]}
-assert phases == {"build", "run", "extra"}, phases
+assert phases == {"build", "run", "extra", "gpt"}, phases
 assert d["gpu"].startswith("NVIDIA H200 (stub)"), d["gpu"]
 assert all(s["reason"].startswith("dry run") for s in d["steps"])
 assert {s["role"] for s in d["steps"]} == {"gate", "info"}
