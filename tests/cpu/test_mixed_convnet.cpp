@@ -332,3 +332,24 @@ TEST_CASE("mixed precision: a small ResNet trains under bf16_mixed and fp16_mixe
   CHECK(bf.back() < 0.7 * bf.front());
   CHECK(half.back() < 0.7 * half.front());
 }
+
+TEST_CASE("mixed precision: channels-last bf16 max pooling reads and writes bf16 directly, its float self rounded") {
+  // The forward picks one of the inputs (exact in bf16); the backward reads x and dy as bf16 and
+  // sums dx in float, rounded once: the bits of the float layer on the widened tensors.
+  for (int threads : {1, 2}) {
+    INFO("threads " << threads);
+    CpuExecutor exec(threads);
+    auto check = [&](auto pool, std::uint64_t seed) {
+      Tape tape(exec), again(exec);
+      auto [xh, xf] = images<9, 11, 24>(3, seed);
+      const auto yh = pool.forward(tape, xh);
+      const auto yf = pool.forward(again, xf);
+      check_rounded(yh.value(), yf.value());
+      backward_with_bf16_weights(tape, yh, seed + 1);
+      backward_with_bf16_weights(again, yf, seed + 1);
+      check_rounded(xh.grad(), xf.grad());
+    };
+    check(nn::MaxPool2d<3, 2, 1, nn::layout::nhwc>{}, 31);  // overlapping windows: dx sums two
+    check(nn::MaxPool2d<2, 2, 0, nn::layout::nhwc>{}, 32);  // ResNet-9's
+  }
+}

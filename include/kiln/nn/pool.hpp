@@ -136,7 +136,11 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
     else if constexpr (nhwc) cpu::avg_pool2d_nhwc_forward(s, X, Y, Layer::count_include_pad);
     else cpu::avg_pool2d_forward(s, X, Y, Layer::count_include_pad);
   };
-  if constexpr (kiln::detail::is_half_v<T>) {
+  // Channels-last bf16 max pooling reads and writes bf16 itself (exact: a maximum is an input).
+  constexpr bool direct_bf16 = Max && nhwc && std::is_same_v<T, bf16>;
+  if constexpr (direct_bf16) {
+    cpu::max_pool2d_nhwc_forward(s, x.value().data(), out.value().data());
+  } else if constexpr (kiln::detail::is_half_v<T>) {
     const int threads = tape.exec().threads();
     const auto xf = widened(x.value().data(), xs.size(), threads);
     scratch_vector<float> yf(static_cast<std::size_t>(y_size));
@@ -159,7 +163,11 @@ auto pool2d(ag::Tape<Exec>& tape, const ag::Var<T, S, B, D1, D2, D3>& x) {
       else if constexpr (nhwc) cpu::avg_pool2d_nhwc_backward(s, G, dx, Layer::count_include_pad);
       else cpu::avg_pool2d_backward(s, G, dx, Layer::count_include_pad);
     };
-    if constexpr (kiln::detail::is_half_v<T>) {
+    if constexpr (direct_bf16) {  // x and dy read as bf16, dx summed in float and rounded
+      put_rounded_input_grad(
+          *xd, [&](float* dx) { cpu::max_pool2d_nhwc_backward_from_input<float>(s, xd->value.data(), od.grad.data(), dx); },
+          exec.threads());
+    } else if constexpr (kiln::detail::is_half_v<T>) {
       // Max pooling picks the same element in the widened input as the forward did.
       const scratch_vector<float> xf = Max ? widened(xd->value.data(), xd->value.size(), exec.threads())
                                            : scratch_vector<float>{};

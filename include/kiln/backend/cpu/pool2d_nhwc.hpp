@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/backend/cpu/pool2d.hpp"
+#include "kiln/core/dtype.hpp"
 
 namespace kiln::cpu {
 
@@ -31,9 +32,10 @@ void pool2d_nhwc_pixels(const Pool2dShape& s, const F& f) {
 }
 
 // One output pixel's window maximum per channel into best[0, C) and, unless at is nullptr, its
-// position h*W + w into at[0, C), in the NCHW kernel's window order.
-template <class T, bool WithArgmax>
-void window_max_nhwc(const Pool2dShape& s, const T* x, index_t n, const PoolWindow& win, T* best,
+// position h*W + w into at[0, C), in the NCHW kernel's window order. x may be stored narrower
+// than T (bf16: widened exactly as it is read).
+template <class T, bool WithArgmax, class X = T>
+void window_max_nhwc(const Pool2dShape& s, const X* x, index_t n, const PoolWindow& win, T* best,
                      std::int64_t* at) {
   const index_t c = s.c;  // a local: the int64 argmax stores could alias s.c, which would
                           // keep the channel loop from vectorising
@@ -42,13 +44,14 @@ void window_max_nhwc(const Pool2dShape& s, const T* x, index_t n, const PoolWind
   if constexpr (WithArgmax) std::fill(at, at + c, std::int64_t(win.h0 * s.w + win.w0));
   for (index_t ih = win.h0; ih < win.h1; ++ih)
     for (index_t iw = win.w0; iw < win.w1; ++iw) {
-      const T* v = x + ((n * s.h + ih) * s.w + iw) * c;
+      const X* v = x + ((n * s.h + ih) * s.w + iw) * c;
       const std::int64_t pos = ih * s.w + iw;
       for (index_t ch = 0; ch < c; ++ch) {
         // Strictly larger (ties keep the first), or a NaN while the best is not one (the
         // first NaN then stays). Bitwise & and |: no branches, so the channels vectorise.
-        const bool take = (v[ch] > best[ch]) | ((v[ch] != v[ch]) & (best[ch] == best[ch]));
-        best[ch] = take ? v[ch] : best[ch];
+        const T vc = static_cast<T>(v[ch]);
+        const bool take = (vc > best[ch]) | ((vc != vc) & (best[ch] == best[ch]));
+        best[ch] = take ? vc : best[ch];
         if constexpr (WithArgmax) at[ch] = take ? pos : at[ch];
       }
     }
@@ -70,6 +73,18 @@ void max_pool2d_nhwc_forward(const Pool2dShape& s, const T* x, T* y, std::int64_
   s.check("kiln::cpu::max_pool2d_nhwc_forward");
   if (argmax) detail::max_pool2d_nhwc<T, true>(s, x, y, argmax);
   else detail::max_pool2d_nhwc<T, false>(s, x, y, nullptr);
+}
+
+// bf16 in and out: each maximum is one of the inputs, so rounding it back is exact — the bits of
+// widening x, pooling in float and rounding y (as the layers did), without those two passes.
+inline void max_pool2d_nhwc_forward(const Pool2dShape& s, const bf16* x, bf16* y) {
+  s.check("kiln::cpu::max_pool2d_nhwc_forward");
+  std::vector<float> best(static_cast<std::size_t>(s.c));
+  detail::pool2d_nhwc_pixels(s, [&](index_t n, index_t o, const detail::PoolWindow& win) {
+    detail::window_max_nhwc<float, false>(s, x, n, win, best.data(), nullptr);
+    bf16* yo = y + o * s.c;
+    for (index_t ch = 0; ch < s.c; ++ch) yo[ch] = bf16(best[std::size_t(ch)]);
+  });
 }
 
 // dx = 0, then dx[n, argmax, c] += dy for every output (overlapping windows accumulate, in the
@@ -95,8 +110,9 @@ void max_pool2d_nhwc_backward(const Pool2dShape& s, const T* dy, const std::int6
 
 // The same dx, with each window's maximum found again in x instead of read from an argmax
 // (pool2d.hpp's max_pool2d_backward_from_input: what the layers run; no int64 per output kept).
-template <class T>
-void max_pool2d_nhwc_backward_from_input(const Pool2dShape& s, const T* x, const T* dy, T* dx) {
+// x and dy may be bf16 (read widened: no float copies of them), dx is T.
+template <class T, class X = T, class G = T>
+void max_pool2d_nhwc_backward_from_input(const Pool2dShape& s, const X* x, const G* dy, T* dx) {
   static_assert(detail::pool2d_type_ok<T>, "kiln::cpu pooling: T must be float or double");
   s.check("kiln::cpu::max_pool2d_nhwc_backward_from_input");
   const index_t hw = s.h * s.w, c = s.c;
@@ -105,9 +121,9 @@ void max_pool2d_nhwc_backward_from_input(const Pool2dShape& s, const T* x, const
   std::vector<std::int64_t> at(static_cast<std::size_t>(c));
   detail::pool2d_nhwc_pixels(s, [&](index_t n, index_t o, const detail::PoolWindow& win) {
     detail::window_max_nhwc<T, true>(s, x, n, win, best.data(), at.data());
-    const T* g = dy + o * c;
+    const G* g = dy + o * c;
     T* d = dx + n * hw * c;
-    for (index_t ch = 0; ch < c; ++ch) d[at[std::size_t(ch)] * c + ch] += g[ch];
+    for (index_t ch = 0; ch < c; ++ch) d[at[std::size_t(ch)] * c + ch] += static_cast<T>(g[ch]);
   });
 }
 
