@@ -115,6 +115,36 @@ TEST_CASE("cuDNN convolution under the deterministic policy gives the same bits 
   CHECK(once() == once());
 }
 
+TEST_CASE("cuDNN convolution plans for the alignment its tensors have: 16 bytes for whole tensors, 4 for an offset view") {
+  // Issue 32: every plan promised only sizeof(T) bytes of alignment, which keeps cuDNN's
+  // vectorised and tensor-core engines out even for 256-byte aligned tensors.
+  kiln::cu::CudnnConv conv;
+  const Conv2dShape s{.n = 2, .c_in = 8, .h = 10, .w = 10, .c_out = 8, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1,
+                      .pad_h = 1, .pad_w = 1};
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<double> dist(-1, 1);
+  const std::size_t nx = std::size_t(s.n * s.c_in * s.h * s.w), nw = std::size_t(s.c_out * s.c_in * 9);
+  const std::size_t ny = std::size_t(s.n * s.c_out * s.out_h() * s.out_w());
+  std::vector<double> xd(nx), wd(nw), y_ref(ny);
+  for (double& v : xd) v = dist(rng);
+  for (double& v : wd) v = dist(rng);
+  const std::vector<float> x(xd.begin(), xd.end()), w(wd.begin(), wd.end());
+  std::vector<double> xr(x.begin(), x.end()), wr(w.begin(), w.end());
+  kiln::cpu::conv2d_forward<double>(s, xr.data(), wr.data(), nullptr, y_ref.data(), 1);
+  // The same tensors one float into larger buffers: 4-byte aligned, not 16.
+  for (index_t offset : {0, 1}) {
+    INFO("offset " << offset);
+    kiln::cu::DeviceBuffer<float> bx{index_t(nx) + 1}, bw{index_t(nw) + 1}, by{index_t(ny) + 1};
+    KILN_CUDA_CHECK(cudaMemcpy(bx.data() + offset, x.data(), nx * sizeof(float), cudaMemcpyHostToDevice));
+    KILN_CUDA_CHECK(cudaMemcpy(bw.data() + offset, w.data(), nw * sizeof(float), cudaMemcpyHostToDevice));
+    conv.forward(s, bx.data() + offset, bw.data() + offset, by.data() + offset, nullptr);
+    std::vector<float> y(ny);
+    KILN_CUDA_CHECK(cudaMemcpy(y.data(), by.data() + offset, ny * sizeof(float), cudaMemcpyDeviceToHost));
+    check_close<float>("forward", y, y_ref);
+    CHECK(conv.cached_plans() == std::size_t(offset + 1));  // a plan per alignment
+  }
+}
+
 TEST_CASE("cuDNN convolution is captured into a CUDA graph and replays the eager result: no synchronisation inside") {
   // Issue 32: each call allocated its workspace and waited for the stream (cudaStreamSynchronize),
   // which invalidates a capture — every convnet fell back to eager under reduce_overhead.

@@ -83,28 +83,32 @@ struct attention_backend<cuda> {
 
 #if defined(KILN_HAVE_CUDNN)
 // Convolution on kiln::cuda: cuDNN's graph API (kiln/backend/cuda/cudnn_conv.cuh), one cuDNN
-// handle and plan cache per host thread (cuDNN handles are not to be shared across threads),
-// created on first use and kept for the process (never destroyed: at exit the CUDA context may
-// already be gone).
+// handle and plan cache per host thread (cuDNN handles are not to be shared across threads) and
+// per precision policy, created on first use and kept for the process (never destroyed: at exit
+// the CUDA context may already be gone). The policy is the executor's: under tf32 cuDNN may run
+// fp32 convolutions on TF32 tensor cores, as cuBLASLt runs the GEMMs; under fp32 it may not —
+// PyTorch's default allows TF32 in cuDNN (torch.backends.cudnn.allow_tf32), kiln's fp32 means
+// fp32 products everywhere (README, "Convolutions").
 template <>
 struct conv_backend<cuda> {
-  static cu::CudnnConv& conv() {
-    thread_local cu::CudnnConv* instance = new cu::CudnnConv();
-    return *instance;
+  static cu::CudnnConv& conv(bool tf32) {
+    thread_local cu::CudnnConv* exact = new cu::CudnnConv({.allow_tf32 = false});
+    thread_local cu::CudnnConv* tensor_cores = new cu::CudnnConv({.allow_tf32 = true});
+    return tf32 ? *tensor_cores : *exact;
   }
   template <class T>
   static void forward(CudaExecutor& exec, const cpu::Conv2dShape& s, const T* x, const T* w, T* y) {
-    conv().forward(s, x, w, y, exec.stream());
+    conv(exec.tf32()).forward(s, x, w, y, exec.stream());
   }
   template <class T>
   static void backward_data(CudaExecutor& exec, const cpu::Conv2dShape& s, const T* dy, const T* w, T* dx,
                             bool accumulate) {
-    conv().backward_data(s, dy, w, dx, exec.stream(), accumulate);
+    conv(exec.tf32()).backward_data(s, dy, w, dx, exec.stream(), accumulate);
   }
   template <class T>
   static void backward_filter(CudaExecutor& exec, const cpu::Conv2dShape& s, const T* x, const T* dy, T* dw,
                               bool accumulate) {
-    conv().backward_filter(s, x, dy, dw, exec.stream(), accumulate);
+    conv(exec.tf32()).backward_filter(s, x, dy, dw, exec.stream(), accumulate);
   }
 };
 #endif

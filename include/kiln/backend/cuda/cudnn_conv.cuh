@@ -80,12 +80,12 @@ constexpr cudnnDataType_t cudnn_type() {
   else return CUDNN_DATA_FLOAT;
 }
 
-// A packed tensor descriptor of logical dims [n, c, h, w] (NCHW strides).
+// A packed tensor descriptor of logical dims [n, c, h, w] (NCHW strides) whose data is aligned
+// to `align` bytes.
 inline std::unique_ptr<BackendDesc> nchw_tensor(std::int64_t uid, cudnnDataType_t type, std::int64_t n,
-                                                std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t elem) {
+                                                std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t align) {
   auto t = std::make_unique<BackendDesc>(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   const std::array<std::int64_t, 4> dims{n, c, h, w}, strides{c * h * w, h * w, w, 1};
-  const std::int64_t align = elem;
   t->set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type)
       .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data())
       .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data())
@@ -172,8 +172,9 @@ class CudnnConv {
     std::unique_ptr<detail::BackendDesc> plan;
     std::int64_t workspace = 0;
   };
-  using Key = std::tuple<int, bool, int, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t,
-                         index_t, index_t, index_t, index_t>;
+  // pass, accumulate, element bytes, the tensors' promised byte alignment, then the shape.
+  using Key = std::tuple<int, bool, int, int, index_t, index_t, index_t, index_t, index_t, index_t, index_t, index_t,
+                         index_t, index_t, index_t, index_t, index_t>;
 
   template <class T>
   void run(ConvPass pass, const cpu::Conv2dShape& s, std::array<T*, 3> data, cudaStream_t stream,
@@ -182,7 +183,12 @@ class CudnnConv {
                   "kiln::cu::CudnnConv: float or double tensors");
     s.check("kiln::cu::CudnnConv");
     KILN_CUDNN_CHECK(cudnnSetStream(handle_, stream));
-    Plan& p = plan<T>(pass, s, accumulate);
+    // The alignment the plan may assume: 16 bytes where every pointer has it (whole tensors from
+    // the caching allocator are 256-byte aligned), which admits the vectorised and tensor-core
+    // engines that sizeof(T) excluded; else the element's size. Plans are cached per alignment.
+    bool aligned16 = true;
+    for (const T* ptr : data) aligned16 = aligned16 && reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
+    Plan& p = plan<T>(pass, s, accumulate, aligned16 ? 16 : int(sizeof(T)));
     std::array<std::int64_t, 3> uids{uid_x, uid_w, uid_y};
     std::array<void*, 3> ptrs{data[0], data[1], data[2]};
     void* ws = workspace(std::size_t(p.workspace));
@@ -213,13 +219,13 @@ class CudnnConv {
   }
 
   template <class T>
-  Plan& plan(ConvPass pass, const cpu::Conv2dShape& s, bool accumulate) {
-    const Key key{int(pass), accumulate, int(sizeof(T)), s.n, s.c_in, s.h, s.w, s.c_out, s.kh, s.kw, s.stride_h, s.stride_w,
-                  s.pad_h, s.pad_w, s.dil_h, s.dil_w};
+  Plan& plan(ConvPass pass, const cpu::Conv2dShape& s, bool accumulate, int alignment) {
+    const Key key{int(pass), accumulate, int(sizeof(T)), alignment, s.n, s.c_in, s.h, s.w, s.c_out, s.kh, s.kw, s.stride_h,
+                  s.stride_w, s.pad_h, s.pad_w, s.dil_h, s.dil_w};
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
     Plan p;
     const cudnnDataType_t type = detail::cudnn_type<T>();
-    const std::int64_t elem = sizeof(T);
+    const std::int64_t elem = alignment;  // the byte alignment each tensor descriptor promises
     p.keep.push_back(detail::nchw_tensor(uid_x, type, s.n, s.c_in, s.h, s.w, elem));
     p.keep.push_back(detail::nchw_tensor(uid_w, type, s.c_out, s.c_in, s.kh, s.kw, elem));
     p.keep.push_back(detail::nchw_tensor(uid_y, type, s.n, s.c_out, s.out_h(), s.out_w(), elem));
