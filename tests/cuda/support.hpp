@@ -1,5 +1,6 @@
 // Helpers the CUDA suites share: moving test tensors between the host and an executor's space,
-// and comparing a device's results with a reference element by element.
+// comparing a device's results with a reference element by element, and a kernel that holds a
+// stream back (so work queued behind it races ahead of it on another stream).
 #pragma once
 
 #include <kiln/cuda.cuh>
@@ -14,6 +15,15 @@
 #include <vector>
 
 namespace kiln_cuda_test {
+
+// Holds its stream for about `cycles` clock ticks: work queued behind it waits that long.
+// (A template: one definition whichever suites include this.)
+template <int = 0>
+__global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
 
 // The values of a host or device tensor, as doubles (waits for the device first).
 template <class T, class S, kiln::index_t... D>

@@ -24,6 +24,8 @@
 #include "kiln/optim/param.hpp"
 #include "kiln/train/grad_scaler.cuh"
 
+#include "support.hpp"
+
 using kiln::CpuExecutor;
 using kiln::CudaExecutor;
 using kiln::index_t;
@@ -201,15 +203,6 @@ TEST_CASE("GradScaler on CUDA: the cached device table follows the table it is g
   CHECK(ds.scale() == 128.0f);
 }
 
-namespace {
-// Holds its stream for about `cycles` clock ticks: work queued behind it waits that long.
-__global__ void spin_for(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-}  // namespace
-
 TEST_CASE("GradScaler on CUDA: a new table never frees the device table a queued pass still reads") {
   // Issue 32: a table change freed the old upload at once, and the new upload (a legacy-stream
   // copy) refilled the same blocks while the pass queued on the executor's non-blocking stream
@@ -232,7 +225,7 @@ TEST_CASE("GradScaler on CUDA: a new table never frees the device table a queued
   hs.update(cpu);
   hs.unscale_and_check(b.host, cpu);
   hs.update(cpu);
-  spin_for<<<1, 1, 0, stream.s>>>(400'000'000);  // ~0.2 s: the passes below wait behind it
+  kiln_cuda_test::spin<><<<1, 1, 0, stream.s>>>(400'000'000);  // ~0.2 s: the passes below wait behind it
   KILN_CUDA_CHECK(cudaGetLastError());
   ds.unscale_and_check(a.device, dev);  // queued: reads a's table when the spin ends
   ds.update(dev);

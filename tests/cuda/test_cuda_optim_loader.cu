@@ -52,6 +52,8 @@
 #include "kiln/optim/sgd.hpp"
 #include "kiln/policy/stance.hpp"
 
+#include "support.hpp"
+
 using kiln::CpuExecutor;
 using kiln::CudaExecutor;
 using kiln::index_t;
@@ -732,13 +734,6 @@ Dataset make_dataset(index_t n, index_t d) {
   return ds;
 }
 
-// Holds the consumer stream back for `cycles` clocks, so uploads race ahead of it.
-KILN_GLOBAL void spin(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-
 // Checks `db` against the host loader's batch `hb`: metadata, and the data copied back.
 void check_batch(const DeviceBatch& db, const Batch& hb, cudaStream_t s) {
   CHECK(db.size == hb.size);
@@ -797,7 +792,7 @@ TEST_SUITE("cuda device loader") {
     TestStream consumer;
     {
       DeviceBuffer<float> freed(64 * 33);  // a slot's features: its block serves the loader next
-      spin<<<1, 1, 0, consumer.s>>>(400'000'000);  // ~0.2 s
+      kiln_cuda_test::spin<><<<1, 1, 0, consumer.s>>>(400'000'000);  // ~0.2 s
       KILN_CUDA_CHECK(cudaGetLastError());
       KILN_CUDA_CHECK(cudaMemsetAsync(freed.data(), 0xFF, freed.size_bytes(), consumer.s));
     }  // back to the allocator with the write still queued
@@ -826,7 +821,7 @@ TEST_SUITE("cuda device loader") {
       loader.start_epoch(epoch);
       index_t row = 0;
       while (const DeviceBatch* db = loader.next()) {
-        spin<<<1, 1, 0, consumer.s>>>(200000);
+        kiln_cuda_test::spin<><<<1, 1, 0, consumer.s>>>(200000);
         KILN_CUDA_CHECK(cudaGetLastError());
         KILN_CUDA_CHECK(cudaMemcpyAsync(transcript.data() + row * ds.d, db->features,
                                         std::size_t(db->size * db->dim) * sizeof(float), cudaMemcpyDeviceToDevice,
