@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -385,6 +386,93 @@ TEST_CASE("gemm_rounded: bf16 C is gemm's float C rounded once, on every bf16 pa
           if (k <= 512) CHECK(exact == m * n);
           for (index_t i = 0; i < m; ++i)  // the padding between rows is not written
             for (index_t j = n; j < ldc; ++j) CHECK(float(got[std::size_t(i * ldc + j)]) == 7.0f);
+        }
+  }
+}
+
+TEST_CASE("gemm_rounded with a column bias: each value the sum plus its column's bias, rounded once") {
+  using kiln::cpu::gemm_bf16_path;
+  std::vector<gemm_bf16_path> paths{gemm_bf16_path::emulate};
+  if (kiln::cpu::gemm_have_bf16_native) paths.push_back(gemm_bf16_path::native);
+  if (kiln::cpu::gemm_have_bf16_amx()) paths.push_back(gemm_bf16_path::amx);
+  const index_t shapes[][3] = {{1, 1, 1}, {31, 33, 17}, {70, 96, 288}, {33, 70, 500}};
+  std::uint64_t seed = 91;
+  for (gemm_bf16_path path : paths) {
+    const bf16_path_scope scope(path);
+    for (const auto& sh : shapes) {
+      const index_t m = sh[0], n = sh[1], k = sh[2];
+      INFO(path_name(path) << " m " << m << " n " << n << " k " << k);
+      std::mt19937_64 rng(seed++);
+      std::uniform_real_distribution<float> dist(-1.f, 1.f);
+      std::vector<kiln::bf16> a(std::size_t(m * k)), b(std::size_t(n * k));
+      std::vector<float> bias(static_cast<std::size_t>(n));
+      for (auto& v : a) v = kiln::bf16(dist(rng));
+      for (auto& v : b) v = kiln::bf16(dist(rng));
+      for (auto& v : bias) v = 4.0f * dist(rng);
+      std::vector<float> want(std::size_t(m * n));
+      kiln::cpu::gemm_own(trans::no, trans::yes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, want.data(), n, 2);
+      std::vector<kiln::bf16> got(std::size_t(m * n));
+      kiln::cpu::gemm_rounded(trans::no, trans::yes, m, n, k, a.data(), k, b.data(), k, got.data(), n, 2, bias.data());
+      index_t exact = 0;
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) {
+          const float w = want[std::size_t(i * n + j)] + bias[std::size_t(j)];
+          exact += float(got[std::size_t(i * n + j)]) == float(kiln::bf16(w)) ? 1 : 0;
+        }
+      CHECK(exact == m * n);  // k within one block: the same float sum, the bias added, rounded
+    }
+  }
+}
+
+// op(A) given by rows (gemm_bf16_row_source): rows of a matrix in memory, copied where the GEMM
+// asks — so the result must be gemm_rounded's on that matrix, bit for bit.
+struct MatrixRows {
+  const kiln::bf16* a;
+  index_t lda;
+  static void rows(const void* ctx, index_t r0, index_t count, index_t p0, index_t kc, kiln::bf16* dst, index_t ld) {
+    const MatrixRows& m = *static_cast<const MatrixRows*>(ctx);
+    for (index_t r = 0; r < count; ++r) std::copy_n(m.a + (r0 + r) * m.lda + p0, kc, dst + r * ld);
+  }
+};
+
+TEST_CASE("gemm_rounded_with_a_source: on AMX gemm_rounded's bits from rows written in place; elsewhere declined") {
+  using kiln::cpu::gemm_bf16_path;
+  std::vector<gemm_bf16_path> paths{gemm_bf16_path::emulate};
+  if (kiln::cpu::gemm_have_bf16_native) paths.push_back(gemm_bf16_path::native);
+  if (kiln::cpu::gemm_have_bf16_amx()) paths.push_back(gemm_bf16_path::amx);
+  // k a multiple of the tiles' 32 and not (zero tails), m past whole 32-row panels and blocks.
+  const index_t shapes[][3] = {{1, 1, 1}, {31, 33, 27}, {70, 64, 288}, {300, 40, 1001}, {97, 130, 2304}};
+  std::uint64_t seed = 57;
+  for (gemm_bf16_path path : paths) {
+    const bf16_path_scope scope(path);
+    for (const auto& sh : shapes)
+      for (int threads : {1, 2})
+        for (bool with_bias : {false, true}) {
+          const index_t m = sh[0], n = sh[1], k = sh[2], lda = k + 5, ldc = n + 2;
+          INFO(path_name(path) << " m " << m << " n " << n << " k " << k << " threads " << threads
+                               << (with_bias ? " bias" : ""));
+          std::mt19937_64 rng(seed++);
+          std::uniform_real_distribution<float> dist(-1.f, 1.f);
+          std::vector<kiln::bf16> a(std::size_t(m * lda)), b(std::size_t(n * k));
+          std::vector<float> bias(static_cast<std::size_t>(n));
+          for (auto& v : a) v = kiln::bf16(dist(rng));
+          for (auto& v : b) v = kiln::bf16(dist(rng));
+          for (auto& v : bias) v = dist(rng);
+          const float* bp = with_bias ? bias.data() : nullptr;
+          std::vector<kiln::bf16> want(std::size_t(m * ldc), kiln::bf16(7.0f)), got = want;
+          kiln::cpu::gemm_rounded(trans::no, trans::yes, m, n, k, a.data(), lda, b.data(), k, want.data(), ldc, threads,
+                                  bp);
+          const MatrixRows rows{a.data(), lda};
+          const bool ran = kiln::cpu::gemm_rounded_with_a_source<kiln::bf16>(
+              m, n, k, {&MatrixRows::rows, &rows}, trans::yes, b.data(), k, got.data(), ldc, threads, bp);
+          CHECK(ran == (path == gemm_bf16_path::amx));
+          if (!ran) {
+            CHECK(std::all_of(got.begin(), got.end(), [](kiln::bf16 v) { return float(v) == 7.0f; }));
+            continue;
+          }
+          index_t same = 0;
+          for (std::size_t i = 0; i < got.size(); ++i) same += got[i].bits == want[i].bits ? 1 : 0;
+          CHECK(same == index_t(got.size()));  // the padding between rows untouched too
         }
   }
 }

@@ -182,6 +182,74 @@ TEST_CASE("mixed precision: a channels-last bf16 Conv2d runs the bf16 GEMM withi
   }
 }
 
+namespace {
+
+// The epilogue z + b, written so that the convolution may hand the bias to its GEMM (bias_only)
+// or not (the float rows through operator(), rounded after).
+struct AddBias {
+  const float* b;
+  bool to_gemm;
+  const float* bias_only() const { return to_gemm ? b : nullptr; }
+  void operator()(index_t, const float* z, float* out, index_t c) const {
+    for (index_t j = 0; j < c; ++j) out[j] = z[j] + b[j];
+  }
+};
+
+// A channels-last bf16 convolution with a bias, forward, three ways: the bias to the GEMM (on
+// AMX the patches packed by the GEMM from x, the bias added as the tiles are rounded), the bias in
+// the epilogue pass, and the explicit column matrix (im2col) through gemm_rounded. k is within one
+// GEMM block here, so all three are the same float sums plus the bias, rounded: the same bits.
+void check_bias_forward_bits(const cpu::Conv2dShape& s, int threads, std::uint64_t seed) {
+  INFO("Cin " << s.c_in << " Cout " << s.c_out << " K " << s.kh << " stride " << s.stride_h << " pad " << s.pad_h
+              << " on " << s.h << "x" << s.w << ", threads " << threads);
+  Generator g(seed);
+  const index_t k = s.col_rows(), ohw = s.out_h() * s.out_w();
+  std::vector<bf16> x(std::size_t(s.n * s.h * s.w * s.c_in)), w(std::size_t(s.c_out * k));
+  std::vector<float> b(std::size_t(s.c_out));
+  for (auto& v : x) v = bf16(g.uniform(-2.f, 2.f));
+  for (auto& v : w) v = bf16(g.uniform(-1.f, 1.f));
+  for (auto& v : b) v = g.uniform(-1.f, 1.f);
+  const std::size_t y_size = std::size_t(s.n * ohw * s.c_out);
+  std::vector<bf16> fused(y_size), pass(y_size), reference(y_size);
+  cpu::conv2d_nhwc_bf16_forward_epilogue(s, x.data(), w.data(), fused.data(), threads, AddBias{b.data(), true});
+  cpu::conv2d_nhwc_bf16_forward_epilogue(s, x.data(), w.data(), pass.data(), threads, AddBias{b.data(), false});
+  // The reference: im2col of every image, the weight permuted to patch order, one gemm_rounded.
+  std::vector<bf16> col(std::size_t(s.n * ohw * k)), wp(w.size());
+  for (index_t n = 0; n < s.n; ++n)
+    for (index_t oh = 0; oh < s.out_h(); ++oh)
+      cpu::detail::im2col_nhwc(s, x.data() + n * s.h * s.w * s.c_in, oh, col.data() + (n * ohw + oh * s.out_w()) * k);
+  cpu::detail::conv2d_nhwc_permute<true>(s, w.data(), wp.data());
+  cpu::gemm_rounded(cpu::trans::no, cpu::trans::yes, s.n * ohw, s.c_out, k, col.data(), k, wp.data(), k,
+                    reference.data(), s.c_out, threads, b.data());
+  index_t fused_same = 0, pass_same = 0;
+  for (std::size_t i = 0; i < y_size; ++i) {
+    fused_same += fused[i].bits == reference[i].bits ? 1 : 0;
+    pass_same += pass[i].bits == reference[i].bits ? 1 : 0;
+  }
+  CHECK(fused_same == index_t(y_size));
+  CHECK(pass_same == index_t(y_size));
+}
+
+cpu::Conv2dShape conv_shape(index_t n, index_t cin, index_t h, index_t w, index_t cout, index_t kernel, index_t stride,
+                            index_t pad) {
+  cpu::Conv2dShape s;
+  s.n = n, s.c_in = cin, s.h = h, s.w = w, s.c_out = cout, s.kh = s.kw = kernel, s.stride_h = s.stride_w = stride;
+  s.pad_h = s.pad_w = pad;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("mixed precision: a bf16 channels-last convolution's bias goes to the GEMM with the same bits") {
+  for (int threads : {1, 2}) {
+    check_bias_forward_bits(conv_shape(3, 32, 9, 11, 64, 3, 1, 1), threads, 1);   // k = 288: whole tiles
+    check_bias_forward_bits(conv_shape(2, 24, 8, 8, 40, 3, 2, 1), threads, 2);    // k = 216: a zero tail
+    check_bias_forward_bits(conv_shape(2, 3, 15, 13, 16, 7, 2, 3), threads, 3);   // a stem, mostly padding
+    check_bias_forward_bits(conv_shape(4, 64, 4, 4, 33, 3, 1, 1), threads, 4);    // k = 576, Cout past a tile
+    check_bias_forward_bits(conv_shape(70, 8, 6, 6, 8, 3, 1, 1), threads, 5);     // many images: chunks
+  }
+}
+
 TEST_CASE("mixed precision: bf16 BatchNorm2d, pools and a residual sum are their float selves on rounded values") {
   CpuExecutor exec(2);
   Tape tape(exec);

@@ -178,6 +178,9 @@ struct ConvFinish {
   }
   // y = z exactly: the NHWC convolution then lets its GEMM write y (conv2d_nhwc.hpp).
   bool copies_only() const { return bias == nullptr && is_identity_act_v<Act>; }
+  // y = z + bias and nothing else (no activation, nothing kept): the bias, which the bf16 NHWC
+  // convolution's GEMM then adds as it writes y (conv2d_nhwc_bf16.hpp); nullptr otherwise.
+  const T* bias_only() const { return is_identity_act_v<Act> ? bias : nullptr; }
   // NHWC: one pixel's channels.
   void operator()(index_t pixel, const T* z, T* y, index_t len) const {
     row(z, y, keep ? keep + pixel * c_out : nullptr, len, 0, 1);

@@ -7,8 +7,10 @@
 //
 // The column matrix of conv2d_nhwc.hpp (row per output pixel, patch in (i, j, c) order) in bf16,
 // chunked as there (chunks depend on the shape only, so the bits do not depend on the thread
-// count). Forward Y = col * wp^T: written by gemm_rounded when nothing follows in the epilogue
-// (on AMX rounded as it leaves the tiles), else float rows through the epilogue, rounded in cache.
+// count). Forward Y = col * wp^T: written by gemm_rounded when at most a bias follows (on AMX
+// rounded as it leaves the tiles, the bias added there, and the patches copied from x by the
+// GEMM into its A panels: no column matrix in memory), else float rows through the epilogue,
+// rounded in cache.
 // Backward-data: for stride 1, the forward convolution of dy with the kernel flipped and its
 // channels swapped (dy's bf16 patches, dx rounded from the GEMM); otherwise dcol = dY * wp in
 // float, then col2im, rounded row by row. Backward-filter dwp = dY^T * col, summed over chunks in
@@ -24,6 +26,7 @@
 
 #include <algorithm>
 #include <concepts>
+#include <cstring>
 
 #include "kiln/backend/cpu/conv2d_nhwc.hpp"
 #include "kiln/backend/cpu/gemm.hpp"
@@ -52,29 +55,73 @@ inline const bf16* conv2d_bf16_patch_weight(const Conv2dShape& s, const bf16* w,
   return wp;
 }
 
+// The column matrix of a chunk of images as rows the GEMM asks for (gemm_bf16_row_source): each
+// output pixel's patch values [p0, p0 + kc) copied from x where the GEMM packs them (on AMX, into
+// the tiles' A panels), runs of a kernel row whole (memcpy once long), padding as zeros.
+struct NhwcPatchRows {
+  const Conv2dShape* s;
+  const bf16* x;  // the chunk's first image
+
+  static void rows(const void* ctx, index_t r0, index_t count, index_t p0, index_t kc, bf16* dst, index_t ld) {
+    const NhwcPatchRows& src = *static_cast<const NhwcPatchRows*>(ctx);
+    const Conv2dShape& s = *src.s;
+    const index_t ow_n = s.out_w(), ohw = s.out_h() * ow_n, hwc = s.h * s.w * s.c_in, p1 = p0 + kc;
+    for (index_t r = 0; r < count; ++r) {
+      const index_t pixel = r0 + r, img = pixel / ohw, oh = pixel % ohw / ow_n, ow = pixel % ow_n;
+      const bf16* x_n = src.x + img * hwc;
+      bf16* out = dst + r * ld - p0;  // out[p]: patch value p
+      conv2d_nhwc_taps(
+          s, oh, ow,
+          [&](index_t p, index_t q, index_t len) {
+            const index_t lo = std::max(p, p0), hi = std::min(p + len, p1);
+            if (hi - lo >= 16) std::memcpy(out + lo, x_n + q + (lo - p), std::size_t(hi - lo) * sizeof(bf16));
+            else for (index_t e = lo; e < hi; ++e) out[e] = x_n[q + (e - p)];
+          },
+          [&](index_t p, index_t len) {
+            const index_t lo = std::max(p, p0), hi = std::min(p + len, p1);
+            if (lo < hi) std::fill(out + lo, out + hi, bf16{});
+          });
+    }
+  }
+};
+
 }  // namespace detail
 
 // y = round(epilogue(conv(x, w))) as conv2d_nhwc_forward_epilogue: epi(row, z, out, Cout) per
 // output pixel with the GEMM's float values z [Cout] writes the row's float values to out, which
-// are rounded into y's row; an epilogue with copies_only() true is not called (gemm_rounded
-// writes y: the sums over the whole patch, each rounded once).
+// are rounded into y's row. An epilogue with copies_only() true, or whose bias_only() names a
+// bias b [Cout] it adds and nothing else, is not called: gemm_rounded writes y, each value the
+// sum over the whole patch (+ b) rounded once — on AMX as it leaves the tiles, the patches packed
+// from x by the GEMM itself (no column matrix).
 template <class Epilogue>
 void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, const bf16* w, bf16* y, int threads,
                                        const Epilogue& epi) {
   s.check("kiln::cpu::conv2d_nhwc_bf16_forward");
   threads = detail::conv2d_threads(threads);
-  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
+  const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
   const index_t chunk = detail::conv2d_chunk<bf16>(s);
   bool direct = false;
+  const float* bias = nullptr;
   if constexpr (requires { { epi.copies_only() } -> std::convertible_to<bool>; }) direct = epi.copies_only();
+  if constexpr (requires { { epi.bias_only() } -> std::convertible_to<const float*>; }) {
+    bias = epi.bias_only();
+    direct = direct || bias != nullptr;
+  }
   const bf16* wp = detail::conv2d_bf16_patch_weight(s, w, threads);
   float* z = direct ? nullptr
                     : detail::conv2d_scratch<float, detail::conv_bf16_slot_z>(std::size_t(chunk * ohw * s.c_out));
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw, r0 = n0 * ohw;
+    if (direct && !detail::conv2d_nhwc_pointwise(s)) {
+      const detail::NhwcPatchRows patches{&s, x + n0 * hwc};
+      if (gemm_rounded_with_a_source<bf16>(rows, s.c_out, k, {&detail::NhwcPatchRows::rows, &patches}, trans::yes, wp,
+                                           k, y + r0 * s.c_out, s.c_out, threads, bias))
+        continue;
+    }
     const bf16* col = detail::conv2d_nhwc_columns<bf16>(s, x, n0, cn, threads);
-    if (direct) {  // y is the sums rounded (on AMX, as they leave the tiles)
-      gemm_rounded<bf16>(trans::no, trans::yes, rows, s.c_out, k, col, k, wp, k, y + r0 * s.c_out, s.c_out, threads);
+    if (direct) {  // y is the sums (+ bias) rounded (on AMX, as they leave the tiles)
+      gemm_rounded<bf16>(trans::no, trans::yes, rows, s.c_out, k, col, k, wp, k, y + r0 * s.c_out, s.c_out, threads,
+                         bias);
       continue;
     }
     gemm<bf16>(trans::no, trans::yes, rows, s.c_out, k, 1.0f, col, k, wp, k, 0.0f, z, s.c_out, threads);

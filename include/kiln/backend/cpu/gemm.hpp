@@ -16,7 +16,9 @@
 // own blocked kernel.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -280,14 +282,15 @@ void gemm(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alp
                         n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
 }
 
-// C = round_bf16(op(A) * op(B)) for bf16 A, B and C: each value rounded once from its float sum
-// (the sum gemm() forms over k in one block: for k past the kernel's block, the last bits may
-// differ from gemm()'s). On AMX the tiles are rounded as they leave the kernel — no float C in
-// memory, which for a convolution's output is 4 bytes written and read back per value; other
-// kernels run gemm() into scratch and round. Same requirements as gemm_own; threads likewise.
+// C = round_bf16(op(A) * op(B) + bias) for bf16 A, B and C: each value rounded once from its float
+// sum (the sum gemm() forms over k in one block: for k past the kernel's block, the last bits may
+// differ from gemm()'s) plus column j's bias[j] where column_bias is given (nullptr: none). On AMX
+// the tiles are rounded as they leave the kernel — no float C in memory, which for a
+// convolution's output is 4 bytes written and read back per value; other kernels run gemm() into
+// scratch and round. Same requirements as gemm_own; threads likewise.
 template <class T>
 void gemm_rounded(trans ta, trans tb, index_t m, index_t n, index_t k, const T* a, index_t lda, const T* b,
-                  index_t ldb, T* c, index_t ldc, int threads = 0) {
+                  index_t ldb, T* c, index_t ldc, int threads = 0, const float* column_bias = nullptr) {
   static_assert(std::is_same_v<T, bf16>, "kiln::cpu::gemm_rounded: T must be kiln::bf16");
   const bool at = ta == trans::yes, bt = tb == trans::yes;
   detail::check_gemm_args("kiln::cpu::gemm_rounded", at, bt, m, n, k, a, lda, b, ldb, c, ldc, threads);
@@ -296,6 +299,7 @@ void gemm_rounded(trans ta, trans tb, index_t m, index_t n, index_t k, const T* 
     detail::gemm_problem<bf16, float> g{m, n, k, 1.0f, 0.0f, a, at ? 1 : lda, at ? lda : 1,
                                         b, bt ? 1 : ldb, bt ? ldb : 1, nullptr, ldc, 1};
     g.c_low = c;
+    g.c_low_bias = column_bias;
     detail::gemm_blocked<detail::gemm_kernel_amx>(g, threads);
     return;
   }
@@ -303,7 +307,72 @@ void gemm_rounded(trans ta, trans tb, index_t m, index_t n, index_t k, const T* 
   thread_local std::vector<float> scratch;
   if (scratch.size() < std::size_t(m * n)) scratch.resize(std::size_t(m * n));
   gemm_own<bf16>(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, scratch.data(), n, threads);
-  for (index_t i = 0; i < m; ++i) round_to_bf16(scratch.data() + i * n, c + i * ldc, n);
+  for (index_t i = 0; i < m; ++i) {
+    float* row = scratch.data() + i * n;
+    if (column_bias)
+      for (index_t j = 0; j < n; ++j) row[j] += column_bias[j];
+    round_to_bf16(row, c + i * ldc, n);
+  }
+}
+
+// Rows of an implicit bf16 op(A) (a convolution's patches gathered from the image): rows(ctx, r0,
+// count, p0, kc, dst, ld) writes rows [r0, r0 + count) x columns [p0, p0 + kc) of op(A) at
+// dst + r * ld (r from 0), kc values each and nothing past them. Called from every thread of the
+// product at once, for disjoint rows.
+struct gemm_bf16_row_source {
+  void (*rows)(const void* ctx, index_t r0, index_t count, index_t p0, index_t kc, bf16* dst, index_t ld);
+  const void* ctx;
+};
+
+#if KILN_GEMM_BF16_AMX
+namespace detail {
+// A row source as the AMX kernel's A panels (gemm_kernel_amx.hpp): rows of kw = amx_packed_k(kc)
+// words, panel after panel, so every row is 2 * kw values after the one before it; the source
+// writes the values, this zeroes each row's tail past kc and the rows past the live ones.
+struct amx_rows_from_source {
+  const gemm_bf16_row_source* src;
+  static void pack(const void* ctx, index_t r0, index_t rows, index_t p0, index_t kc, std::uint32_t* dst) {
+    const gemm_bf16_row_source& a = *static_cast<const amx_rows_from_source*>(ctx)->src;
+    const index_t ld = 2 * amx_packed_k(kc), padded = round_up(rows, gemm_kernel_amx::mr);
+    bf16* out = reinterpret_cast<bf16*>(dst);
+    a.rows(a.ctx, r0, rows, p0, kc, out, ld);
+    if (kc < ld)
+      for (index_t r = 0; r < rows; ++r) std::fill(out + r * ld + kc, out + (r + 1) * ld, bf16{});
+    std::fill(out + rows * ld, out + padded * ld, bf16{});
+  }
+};
+}  // namespace detail
+#endif
+
+// gemm_rounded with op(A) given by its rows (above) instead of a matrix in memory, where the bf16
+// path reads A as rows of k values (AMX: a tile row is 32 consecutive values of one row of A),
+// so the rows are written straight into the kernel's A panels, in cache — for a 3x3
+// convolution no column matrix of 9x the input is written to memory and read back. The same
+// tiles in the same order as gemm_rounded on the explicit matrix: the same bits. Returns false,
+// computing nothing, where the current path packs A otherwise (vdpbf16ps, the emulation) or k is
+// 0: the caller then writes the matrix and calls gemm_rounded.
+template <class T>
+bool gemm_rounded_with_a_source(index_t m, index_t n, index_t k, const gemm_bf16_row_source& a, trans tb,
+                                const T* b, index_t ldb, T* c, index_t ldc, int threads,
+                                const float* column_bias = nullptr) {
+  static_assert(std::is_same_v<T, bf16>, "kiln::cpu::gemm_rounded_with_a_source: T must be kiln::bf16");
+  const bool bt = tb == trans::yes;
+  KILN_CHECK(m >= 0 && n >= 0 && k >= 0 && ldb >= (bt ? k : n) && ldc >= n && threads >= 0 && a.rows != nullptr,
+             ShapeError, "kiln::cpu::gemm_rounded_with_a_source: m=", m, " n=", n, " k=", k, " ldb=", ldb,
+             " ldc=", ldc, " threads=", threads, a.rows ? "" : " (no row source)");
+#if KILN_GEMM_BF16_AMX
+  if (current_gemm_bf16_path() != gemm_bf16_path::amx || k == 0) return false;
+  detail::gemm_problem<bf16, float> g{m, n, k, 1.0f, 0.0f, nullptr, 0, 0, b, bt ? 1 : ldb, bt ? ldb : 1, nullptr, ldc, 1};
+  g.c_low = c;
+  g.c_low_bias = column_bias;
+  const detail::amx_rows_from_source adapter{&a};
+  const detail::gemm_a_source<std::uint32_t> src{&detail::amx_rows_from_source::pack, &adapter};
+  detail::gemm_blocked<detail::gemm_kernel_amx>(g, threads, {}, &src);
+  return true;
+#else
+  (void)b, (void)c, (void)column_bias;
+  return false;
+#endif
 }
 
 // C = op(A) * op(B) + beta * C where op(A), m x k, packs its own panels (detail::gemm_a_source:
@@ -344,7 +413,9 @@ void gemm_with_a_source(index_t m, index_t n, index_t k, const detail::gemm_a_so
                                              const T*, index_t, T, T*, index_t, int);
 #define KILN_CPU_GEMM_ROUNDED_INSTANCES(EXTERN) \
   EXTERN template void gemm_rounded<bf16>(trans, trans, index_t, index_t, index_t, const bf16*, index_t, const bf16*, \
-                                          index_t, bf16*, index_t, int);
+                                          index_t, bf16*, index_t, int, const float*);          \
+  EXTERN template bool gemm_rounded_with_a_source<bf16>(index_t, index_t, index_t, const gemm_bf16_row_source&, trans, \
+                                                        const bf16*, index_t, bf16*, index_t, int, const float*);
 #if KILN_EXTERN_KERNELS
 KILN_CPU_GEMM_ROUNDED_INSTANCES(extern)
 KILN_CPU_GEMM_SOURCE_INSTANCES(extern, float)

@@ -122,8 +122,10 @@ struct gemm_problem {
   index_t c_rs, c_cs;
   // Where set (a kernel with tile_rounded, alpha 1, beta 0, C row-major): C is written here
   // instead, each value rounded to bf16 from its sum over the whole of k (one k block), and c
-  // is not used.
+  // is not used. c_low_bias (optional, with c_low): column j's value added to the sum before it
+  // is rounded (a convolution's bias, with no float C pass to add it in).
   bf16* c_low = nullptr;
+  const float* c_low_bias = nullptr;
 };
 
 // The same product written as C^T = op(B)^T op(A)^T.
@@ -140,9 +142,10 @@ gemm_problem<T, Acc> transposed(const gemm_problem<T, Acc>& g) {
 //   packed_k(k)              packed elements per panel row for k values of k
 //   pack_a / pack_b(rows, k, src, rs, cs, dst)     gemm_pack.hpp's contract, panels of mr / nr
 //   tile(k, ap, bp, c, rs_c, cs_c, alpha, beta, mr, nr)  microkernel's contract
-//   tile_rounded(k, ap, bp, c_low, rs_c, mr, nr)   optional: C = round_bf16(Ap * Bp) (c_low above)
+//   tile_rounded(k, ap, bp, c_low, rs_c, bias, mr, nr)   optional: C = round_bf16(Ap * Bp + bias)
+//                            (c_low above; bias: the tile's nr column values, or nullptr)
 //   reads_a_in_place(kc), tile_in_place(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, nr),
-//   tile_rounded_in_place(k, a, lda, bp, c_low, rs_c, nr)   optional: whole mr-row panels of an
+//   tile_rounded_in_place(k, a, lda, bp, c_low, rs_c, bias, nr)   optional: whole mr-row panels of an
 //                            op(A) whose rows hold k contiguously are read where they lie, not packed
 // gemm_kernel_fp: inputs converted to Acc while packing, multiplied in Acc (f16 and bf16 inputs
 // this way are the exact emulation: their products are exact in float). The bf16 kernel is
@@ -297,6 +300,7 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
           const int nr = static_cast<int>(std::min<index_t>(NR, nc - jp * NR));
           const typename K::packed* bp = bbuf + jp * NR * kw;
           Acc* cj = g.c ? g.c + ic * g.c_rs + (jc + jp * NR) * g.c_cs : nullptr;  // null: c_low is written
+          const float* bias_j = g.c_low_bias ? g.c_low_bias + jc + jp * NR : nullptr;
           for (index_t ip = 0; ip * MR < mc; ++ip) {
             const int mr = static_cast<int>(std::min<index_t>(MR, mc - ip * MR));
             if constexpr (requires { K::reads_a_in_place(kc); }) {
@@ -304,7 +308,7 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
                 const T* ai = g.a + (ic + ip * MR) * g.a_rs + pc;
                 if (g.c_low) {
                   K::tile_rounded_in_place(kc, ai, g.a_rs, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs,
-                                           nr);
+                                           bias_j, nr);
                 } else {
                   K::tile_in_place(kc, ai, g.a_rs, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha, beta, nr);
                 }
@@ -312,9 +316,9 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
               }
             }
             const typename K::packed* ap = in_place ? abuf : abuf + ip * MR * kw;
-            if constexpr (requires { K::tile_rounded(kc, abuf, bp, g.c_low, g.c_rs, mr, nr); }) {
+            if constexpr (requires { K::tile_rounded(kc, abuf, bp, g.c_low, g.c_rs, bias_j, mr, nr); }) {
               if (g.c_low) {
-                K::tile_rounded(kc, ap, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs, mr, nr);
+                K::tile_rounded(kc, ap, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs, bias_j, mr, nr);
                 continue;
               }
             }

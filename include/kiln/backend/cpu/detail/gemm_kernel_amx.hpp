@@ -190,11 +190,18 @@ inline void amx_store_sums(float* KILN_RESTRICT c, index_t rs_c, index_t cs_c, f
   }
 }
 
-// C[0:mr, 0:nr] = round_bf16(sums) into a bf16 C row-major with row stride rs_c (a
+// C[0:mr, 0:nr] = round_bf16(sums + bias) into a bf16 C row-major with row stride rs_c (a
 // convolution's bf16 output straight from the tiles: no float C written to memory and read back).
-inline void amx_store_sums_rounded(bf16* KILN_RESTRICT c, index_t rs_c, int mr, int nr) {
+// bias: the nr columns' values (added in float, as an epilogue pass would), or nullptr.
+inline void amx_store_sums_rounded(bf16* KILN_RESTRICT c, index_t rs_c, const float* bias, int mr, int nr) {
   alignas(64) float out[32][32];
   amx_spill_sums(out);
+  if (bias) {
+    alignas(64) float b[32] = {};
+    std::memcpy(b, bias, std::size_t(nr) * sizeof(float));
+    for (int r = 0; r < mr; ++r)
+      for (int j = 0; j < 32; ++j) out[r][j] += b[j];
+  }
   for (int r = 0; r < mr; ++r) {
     if (nr == 32) {
       round_to_bf16(out[r], c + r * rs_c, 32);
@@ -227,10 +234,10 @@ struct gemm_kernel_amx {
     amx_tile_sums(k, reinterpret_cast<const char*>(ap), long(amx_packed_k(k) * 4), bp);
     amx_store_sums(c, rs_c, cs_c, alpha, beta, m_live, n_live);
   }
-  static void tile_rounded(index_t k, const packed* ap, const packed* bp, bf16* c, index_t rs_c, int m_live,
-                           int n_live) {
+  static void tile_rounded(index_t k, const packed* ap, const packed* bp, bf16* c, index_t rs_c, const float* bias,
+                           int m_live, int n_live) {
     amx_tile_sums(k, reinterpret_cast<const char*>(ap), long(amx_packed_k(k) * 4), bp);
-    amx_store_sums_rounded(c, rs_c, m_live, n_live);
+    amx_store_sums_rounded(c, rs_c, bias, m_live, n_live);
   }
   // A read where it lies (gemm_driver.hpp's direct A): 32 whole rows, k contiguous in each, kc a
   // multiple of 32 (whole tiles, no padding to read), the rows lda values apart.
@@ -241,9 +248,9 @@ struct gemm_kernel_amx {
     amx_store_sums(c, rs_c, cs_c, alpha, beta, 32, n_live);
   }
   static void tile_rounded_in_place(index_t k, const bf16* a, index_t lda, const packed* bp, bf16* c, index_t rs_c,
-                                    int n_live) {
+                                    const float* bias, int n_live) {
     amx_tile_sums(k, reinterpret_cast<const char*>(a), long(lda * 2), bp);
-    amx_store_sums_rounded(c, rs_c, 32, n_live);
+    amx_store_sums_rounded(c, rs_c, bias, 32, n_live);
   }
   static constexpr const char* name = "amx 32x32";
 };
