@@ -21,6 +21,7 @@
 #include <concepts>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kiln/backend/cpu/conv2d.hpp"
 #include "kiln/backend/cpu/conv2d_winograd.hpp"
@@ -148,24 +149,29 @@ void col2im_nhwc_row(const Conv2dShape& s, const T* dcol, index_t ih, T* dx_row,
   }
 }
 
-// dbias = sum of dy [N*OH*OW, Cout] over its rows, in double: blocks of channels, each summing
-// every row in order (the order conv2d_backward_filter uses, so dbias matches it bit for bit); a
-// row's block is contiguous, so the adds vectorise. dy float, double or bf16.
+// dbias = sum of dy [N*OH*OW, Cout] over its rows, in double: each channel sums every row in order
+// (the order conv2d_backward_filter uses, so dbias matches it bit for bit). The channels are split
+// into one contiguous block per thread, each reading its part of every row, rows in order: dy
+// (often larger than the cache) is streamed once. Blocks of 32 channels, each a pass over all
+// rows, read it once per block — the hardware fetches lines in pairs — and left the loads waiting
+// on memory (a ResNet-9 bf16 step spent 3.7% of its time here). dy float, double or bf16.
 template <class G, class T>
 void conv2d_nhwc_bias_grad(const Conv2dShape& s, const G* dy, T* dbias, int threads) {
-  constexpr index_t block = 32;
   const index_t rows = s.n * s.out_h() * s.out_w();
-  conv2d_parallel((s.c_out + block - 1) / block, threads, [&](index_t b) {
+  const index_t parts = std::max<index_t>(1, std::min<index_t>(threads, s.c_out / 16));
+  const index_t block = (s.c_out + parts - 1) / parts;
+  conv2d_parallel(parts, threads, [&](index_t b) {
     const index_t c0 = b * block, cb = std::min(block, s.c_out - c0);
-    double acc[block] = {};
+    std::vector<double> acc(static_cast<std::size_t>(cb), 0.0);
+    double* a = acc.data();
     for (index_t r = 0; r < rows; ++r) {
       const G* p = dy + r * s.c_out + c0;
       for (index_t c = 0; c < cb; ++c) {
-        if constexpr (std::is_same_v<G, bf16>) acc[c] += double(float(p[c]));  // bf16 widens through float
-        else acc[c] += double(p[c]);
+        if constexpr (std::is_same_v<G, bf16>) a[c] += double(float(p[c]));  // bf16 widens through float
+        else a[c] += double(p[c]);
       }
     }
-    for (index_t c = 0; c < cb; ++c) dbias[c0 + c] = T(acc[c]);
+    for (index_t c = 0; c < cb; ++c) dbias[c0 + c] = T(a[c]);
   });
 }
 
