@@ -421,6 +421,14 @@ TEST_CASE("gemm_rounded with a column bias: each value the sum plus its column's
         }
       CHECK(exact == m * n);  // k within one block: the same float sum, the bias added, rounded
     }
+    // A sum plus its bias that is a denormal float (2^-120 - (2^-120 - 2^-130) = 2^-130) rounds
+    // to the denormal bf16 2^-130, not to zero (AMX's fast conversion reads denormals as zero).
+    const kiln::bf16 a(std::ldexp(1.0f, -60)), b(std::ldexp(1.0f, -60));
+    const float bias = -(std::ldexp(1.0f, -120) - std::ldexp(1.0f, -130));
+    kiln::bf16 c(1.0f);
+    kiln::cpu::gemm_rounded(trans::no, trans::yes, 1, 1, 1, &a, 1, &b, 1, &c, 1, 1, &bias);
+    INFO(path_name(path));
+    CHECK(float(c) == std::ldexp(1.0f, -130));
   }
 }
 

@@ -29,7 +29,7 @@
 #include "kiln/backend/cpu/detail/gemm_kernel_bf16.hpp"
 #include "kiln/core/bf16_bulk.hpp"
 
-#if KILN_GEMM_BF16_NATIVE && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#if KILN_GEMM_BF16_NATIVE && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512DQ__) && defined(__linux__)
 #define KILN_GEMM_BF16_AMX 1
 #else
 #define KILN_GEMM_BF16_AMX 0
@@ -202,9 +202,15 @@ inline void amx_store_sums_rounded(bf16* KILN_RESTRICT c, index_t rs_c, const fl
     for (int r = 0; r < mr; ++r)
       for (int j = 0; j < 32; ++j) out[r][j] += b[j];
   }
+  const __mmask32 live = avx512_mask32(nr);
   for (int r = 0; r < mr; ++r) {
-    if (nr == 32) {
-      round_to_bf16(out[r], c + r * rs_c, 32);
+    const __m512 lo = _mm512_load_ps(&out[r][0]), hi = _mm512_load_ps(&out[r][16]);
+    // vcvtne2ps2bf16 rounds as round_to_bf16 does (to nearest even, NaN made quiet) but reads a
+    // denormal as zero: the tiles' sums never are one (tdpbf16ps flushes them), a sum plus a
+    // bias can be, and that row is rounded the long way. One instruction per 32 values instead of
+    // eight: the store was 4% of a ResNet-9 bf16 step.
+    if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) == 0) {
+      _mm512_mask_storeu_epi16(c + r * rs_c, live, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     } else {
       alignas(64) bf16 row[32];
       round_to_bf16(out[r], row, 32);
