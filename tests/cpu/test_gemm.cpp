@@ -390,7 +390,7 @@ TEST_CASE("gemm_rounded: bf16 C is gemm's float C rounded once, on every bf16 pa
   }
 }
 
-TEST_CASE("gemm_rounded with a column bias: each value the sum plus its column's bias, rounded once") {
+TEST_CASE("gemm_rounded with a column bias and accumulate: the sum plus its column's bias (plus C), rounded once") {
   using kiln::cpu::gemm_bf16_path;
   std::vector<gemm_bf16_path> paths{gemm_bf16_path::emulate};
   if (kiln::cpu::gemm_have_bf16_native) paths.push_back(gemm_bf16_path::native);
@@ -420,6 +420,18 @@ TEST_CASE("gemm_rounded with a column bias: each value the sum plus its column's
           exact += float(got[std::size_t(i * n + j)]) == float(kiln::bf16(w)) ? 1 : 0;
         }
       CHECK(exact == m * n);  // k within one block: the same float sum, the bias added, rounded
+      // accumulate: C's old value added too, round(float(old) + (sum + bias)).
+      std::vector<kiln::bf16> old(std::size_t(m * n)), acc(std::size_t(m * n));
+      for (auto& v : old) v = kiln::bf16(8.0f * dist(rng));
+      acc = old;
+      kiln::cpu::gemm_rounded(trans::no, trans::yes, m, n, k, a.data(), k, b.data(), k, acc.data(), n, 2, bias.data(),
+                              true);
+      index_t exact_acc = 0;
+      for (index_t i = 0; i < m * n; ++i) {
+        const float w = float(old[std::size_t(i)]) + (want[std::size_t(i)] + bias[std::size_t(i % n)]);
+        exact_acc += float(acc[std::size_t(i)]) == float(kiln::bf16(w)) ? 1 : 0;
+      }
+      CHECK(exact_acc == m * n);
     }
     // A sum plus its bias that is a denormal float (2^-120 - (2^-120 - 2^-130) = 2^-130) rounds
     // to the denormal bf16 2^-130, not to zero (AMX's fast conversion reads denormals as zero).
@@ -455,10 +467,11 @@ TEST_CASE("gemm_rounded_with_a_source: on AMX gemm_rounded's bits from rows writ
     const bf16_path_scope scope(path);
     for (const auto& sh : shapes)
       for (int threads : {1, 2})
-        for (bool with_bias : {false, true}) {
+        for (int variant = 0; variant < 3; ++variant) {  // plain, bias, bias + accumulate
+          const bool with_bias = variant > 0, accumulate = variant == 2;
           const index_t m = sh[0], n = sh[1], k = sh[2], lda = k + 5, ldc = n + 2;
           INFO(path_name(path) << " m " << m << " n " << n << " k " << k << " threads " << threads
-                               << (with_bias ? " bias" : ""));
+                               << (with_bias ? " bias" : "") << (accumulate ? " accumulate" : ""));
           std::mt19937_64 rng(seed++);
           std::uniform_real_distribution<float> dist(-1.f, 1.f);
           std::vector<kiln::bf16> a(std::size_t(m * lda)), b(std::size_t(n * k));
@@ -469,10 +482,10 @@ TEST_CASE("gemm_rounded_with_a_source: on AMX gemm_rounded's bits from rows writ
           const float* bp = with_bias ? bias.data() : nullptr;
           std::vector<kiln::bf16> want(std::size_t(m * ldc), kiln::bf16(7.0f)), got = want;
           kiln::cpu::gemm_rounded(trans::no, trans::yes, m, n, k, a.data(), lda, b.data(), k, want.data(), ldc, threads,
-                                  bp);
+                                  bp, accumulate);
           const MatrixRows rows{a.data(), lda};
           const bool ran = kiln::cpu::gemm_rounded_with_a_source<kiln::bf16>(
-              m, n, k, {&MatrixRows::rows, &rows}, trans::yes, b.data(), k, got.data(), ldc, threads, bp);
+              m, n, k, {&MatrixRows::rows, &rows}, trans::yes, b.data(), k, got.data(), ldc, threads, bp, accumulate);
           CHECK(ran == (path == gemm_bf16_path::amx));
           if (!ran) {
             CHECK(std::all_of(got.begin(), got.end(), [](kiln::bf16 v) { return float(v) == 7.0f; }));

@@ -46,6 +46,18 @@ struct ConvCopy {
   void operator()(index_t, const float* z, float* out, index_t c) const { std::copy(z, z + c, out); }
 };
 
+// The epilogue of a convolution added into y (a gradient that already holds a contribution):
+// y = round(float(y) + sum), the old row read before its rounded sum replaces it. accumulates():
+// gemm_rounded adds it as it writes y.
+struct ConvAccumulate {
+  const bf16* y;
+  static constexpr bool accumulates() { return true; }
+  void operator()(index_t row, const float* z, float* out, index_t c) const {
+    widen_bf16(y + row * c, out, c);
+    for (index_t j = 0; j < c; ++j) out[j] += z[j];
+  }
+};
+
 // The weight in patch order [Cout, KH*KW*Cin] (conv2d_nhwc_permute): w itself for a 1x1 kernel,
 // else permuted into scratch.
 inline const bf16* conv2d_bf16_patch_weight(const Conv2dShape& s, const bf16* w, int threads) {
@@ -100,12 +112,16 @@ void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, cons
   threads = detail::conv2d_threads(threads);
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
   const index_t chunk = detail::conv2d_chunk<bf16>(s);
-  bool direct = false;
+  bool direct = false, accumulate = false;
   const float* bias = nullptr;
   if constexpr (requires { { epi.copies_only() } -> std::convertible_to<bool>; }) direct = epi.copies_only();
   if constexpr (requires { { epi.bias_only() } -> std::convertible_to<const float*>; }) {
     bias = epi.bias_only();
     direct = direct || bias != nullptr;
+  }
+  if constexpr (requires { { epi.accumulates() } -> std::convertible_to<bool>; }) {
+    accumulate = epi.accumulates();
+    direct = direct || accumulate;
   }
   const bf16* wp = detail::conv2d_bf16_patch_weight(s, w, threads);
   float* z = direct ? nullptr
@@ -115,13 +131,13 @@ void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, cons
     if (direct && !detail::conv2d_nhwc_pointwise(s)) {
       const detail::NhwcPatchRows patches{&s, x + n0 * hwc};
       if (gemm_rounded_with_a_source<bf16>(rows, s.c_out, k, {&detail::NhwcPatchRows::rows, &patches}, trans::yes, wp,
-                                           k, y + r0 * s.c_out, s.c_out, threads, bias))
+                                           k, y + r0 * s.c_out, s.c_out, threads, bias, accumulate))
         continue;
     }
     const bf16* col = detail::conv2d_nhwc_columns<bf16>(s, x, n0, cn, threads);
-    if (direct) {  // y is the sums (+ bias) rounded (on AMX, as they leave the tiles)
+    if (direct) {  // y is the sums (+ bias, + y) rounded (on AMX, as they leave the tiles)
       gemm_rounded<bf16>(trans::no, trans::yes, rows, s.c_out, k, col, k, wp, k, y + r0 * s.c_out, s.c_out, threads,
-                         bias);
+                         bias, accumulate);
       continue;
     }
     gemm<bf16>(trans::no, trans::yes, rows, s.c_out, k, 1.0f, col, k, wp, k, 0.0f, z, s.c_out, threads);
@@ -140,8 +156,8 @@ void conv2d_nhwc_bf16_forward_epilogue(const Conv2dShape& s, const bf16* x, cons
 }
 
 // dx = d(sum y * dy)/dx, each value rounded once into dx; dx overwritten, or with accumulate
-// dx = round(float(dx) + value). Stride 1: a forward convolution of dy (below); otherwise dcol =
-// dY * wp (float), then col2im in float.
+// dx = round(float(dx) + value). Stride 1: a forward convolution of dy (below); pointwise: dY * wp
+// itself, rounded by the GEMM; otherwise dcol = dY * wp (float), then col2im in float.
 inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy, const bf16* w, bf16* dx,
                                            int threads = 0, bool accumulate = false) {
   s.check("kiln::cpu::conv2d_nhwc_bf16_backward_data");
@@ -160,42 +176,35 @@ inline void conv2d_nhwc_bf16_backward_data(const Conv2dShape& s, const bf16* dy,
       for (index_t co = 0; co < s.c_out; ++co)
         for (index_t t0 = 0; t0 < taps; ++t0) wt[(ci * s.c_out + co) * taps + t0] = w[(co * s.c_in + ci) * taps + taps - 1 - t0];
     });
-    if (!accumulate) {
-      conv2d_nhwc_bf16_forward_epilogue(t, dy, wt, dx, threads, detail::ConvCopy{});
-    } else {  // dx = round(float(dx) + sum): the old row read before its rounded sum replaces it
-      conv2d_nhwc_bf16_forward_epilogue(t, dy, wt, dx, threads, [dx](index_t row, const float* z, float* out, index_t c) {
-        widen_bf16(dx + row * c, out, c);
-        for (index_t j = 0; j < c; ++j) out[j] += z[j];
-      });
-    }
+    if (!accumulate) conv2d_nhwc_bf16_forward_epilogue(t, dy, wt, dx, threads, detail::ConvCopy{});
+    else conv2d_nhwc_bf16_forward_epilogue(t, dy, wt, dx, threads, detail::ConvAccumulate{dx});
     return;
   }
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
-  const index_t chunk = detail::conv2d_chunk<float>(s);  // dcol is float
-  const bool pointwise = detail::conv2d_nhwc_pointwise(s);
   const bf16* wp = detail::conv2d_bf16_patch_weight(s, w, threads);
+  const index_t chunk = detail::conv2d_chunk<float>(s);  // dcol is float (and gemm_rounded's scratch off AMX)
+  if (detail::conv2d_nhwc_pointwise(s)) {
+    // dx's rows are dY * wp's, rounded as they leave the GEMM (with accumulate, each added to
+    // dx's old value first: no float rows written and read back to add them).
+    for (index_t n0 = 0; n0 < s.n; n0 += chunk)
+      gemm_rounded<bf16>(trans::no, trans::no, std::min(chunk, s.n - n0) * ohw, k, s.c_out, dy + n0 * ohw * s.c_out,
+                         s.c_out, wp, k, dx + n0 * hwc, k, threads, nullptr, accumulate);
+    return;
+  }
   float* dcol = detail::conv2d_scratch<float, detail::conv_bf16_slot_col>(std::size_t(chunk * ohw * k));
   const index_t row_len = s.w * s.c_in;  // an input row's values
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
-    const bf16* dyc = dy + n0 * ohw * s.c_out;
-    if (pointwise && !accumulate) {  // dx's rows are dcol's, rounded
-      gemm_rounded<bf16>(trans::no, trans::no, rows, k, s.c_out, dyc, s.c_out, wp, k, dx + n0 * hwc, k, threads);
-      continue;
-    }
-    gemm<bf16>(trans::no, trans::no, rows, k, s.c_out, 1.0f, dyc, s.c_out, wp, k, 0.0f, dcol, k, threads);
-    // Input row by input row: gathered (col2im) or, pointwise, dcol's rows are dx's.
+    gemm<bf16>(trans::no, trans::no, rows, k, s.c_out, 1.0f, dy + n0 * ohw * s.c_out, s.c_out, wp, k, 0.0f, dcol, k,
+               threads);
+    // Input row by input row, gathered (col2im).
     detail::conv2d_parallel(cn * s.h, threads, [&](index_t r) {
       const index_t i = r / s.h, ih = r % s.h;
       float* buf = detail::conv2d_scratch<float, detail::conv_bf16_slot_row>(std::size_t(row_len));
       bf16* out = dx + (n0 + i) * hwc + ih * row_len;
-      const float* v = dcol + (i * ohw + ih * s.w) * k;  // pointwise: k == c_in, ohw == hw
-      if (!pointwise) {
-        detail::col2im_nhwc_row(s, dcol + i * ohw * k, ih, buf, true);
-        v = buf;
-      }
-      if (accumulate) add_round_to_bf16(v, out, row_len);
-      else round_to_bf16(v, out, row_len);
+      detail::col2im_nhwc_row(s, dcol + i * ohw * k, ih, buf, true);
+      if (accumulate) add_round_to_bf16(buf, out, row_len);
+      else round_to_bf16(buf, out, row_len);
     });
   }
 }

@@ -282,15 +282,17 @@ void gemm(trans ta, trans tb, index_t m, index_t n, index_t k, gemm_acc_t<T> alp
                         n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
 }
 
-// C = round_bf16(op(A) * op(B) + bias) for bf16 A, B and C: each value rounded once from its float
-// sum (the sum gemm() forms over k in one block: for k past the kernel's block, the last bits may
-// differ from gemm()'s) plus column j's bias[j] where column_bias is given (nullptr: none). On AMX
-// the tiles are rounded as they leave the kernel — no float C in memory, which for a
-// convolution's output is 4 bytes written and read back per value; other kernels run gemm() into
-// scratch and round. Same requirements as gemm_own; threads likewise.
+// C = round_bf16(op(A) * op(B) + bias [+ C]) for bf16 A, B and C: each value rounded once from its
+// float sum (the sum gemm() forms over k in one block: for k past the kernel's block, the last
+// bits may differ from gemm()'s) plus column j's bias[j] where column_bias is given (nullptr:
+// none), plus C's old value with accumulate (a gradient that already holds a contribution:
+// round(float(C) + sum)). On AMX the tiles are rounded as they leave the kernel — no float C in
+// memory, which for a convolution's output is 4 bytes written and read back per value; other
+// kernels run gemm() into scratch and round. Same requirements as gemm_own; threads likewise.
 template <class T>
 void gemm_rounded(trans ta, trans tb, index_t m, index_t n, index_t k, const T* a, index_t lda, const T* b,
-                  index_t ldb, T* c, index_t ldc, int threads = 0, const float* column_bias = nullptr) {
+                  index_t ldb, T* c, index_t ldc, int threads = 0, const float* column_bias = nullptr,
+                  bool accumulate = false) {
   static_assert(std::is_same_v<T, bf16>, "kiln::cpu::gemm_rounded: T must be kiln::bf16");
   const bool at = ta == trans::yes, bt = tb == trans::yes;
   detail::check_gemm_args("kiln::cpu::gemm_rounded", at, bt, m, n, k, a, lda, b, ldb, c, ldc, threads);
@@ -300,6 +302,7 @@ void gemm_rounded(trans ta, trans tb, index_t m, index_t n, index_t k, const T* 
                                         b, bt ? 1 : ldb, bt ? ldb : 1, nullptr, ldc, 1};
     g.c_low = c;
     g.c_low_bias = column_bias;
+    g.c_low_accumulate = accumulate;
     detail::gemm_blocked<detail::gemm_kernel_amx>(g, threads);
     return;
   }
@@ -311,7 +314,8 @@ void gemm_rounded(trans ta, trans tb, index_t m, index_t n, index_t k, const T* 
     float* row = scratch.data() + i * n;
     if (column_bias)
       for (index_t j = 0; j < n; ++j) row[j] += column_bias[j];
-    round_to_bf16(row, c + i * ldc, n);
+    if (accumulate) add_round_to_bf16(row, c + i * ldc, n);
+    else round_to_bf16(row, c + i * ldc, n);
   }
 }
 
@@ -344,17 +348,17 @@ struct amx_rows_from_source {
 }  // namespace detail
 #endif
 
-// gemm_rounded with op(A) given by its rows (above) instead of a matrix in memory, where the bf16
-// path reads A as rows of k values (AMX: a tile row is 32 consecutive values of one row of A),
-// so the rows are written straight into the kernel's A panels, in cache — for a 3x3
-// convolution no column matrix of 9x the input is written to memory and read back. The same
-// tiles in the same order as gemm_rounded on the explicit matrix: the same bits. Returns false,
-// computing nothing, where the current path packs A otherwise (vdpbf16ps, the emulation) or k is
-// 0: the caller then writes the matrix and calls gemm_rounded.
+// gemm_rounded (bias and accumulate as there) with op(A) given by its rows (above) instead of a
+// matrix in memory, where the bf16 path reads A as rows of k values (AMX: a tile row is 32
+// consecutive values of one row of A), so the rows are written straight into the kernel's A
+// panels, in cache — for a 3x3 convolution no column matrix of 9x the input is written to memory
+// and read back. The same tiles in the same order as gemm_rounded on the explicit matrix: the
+// same bits. Returns false, computing nothing, where the current path packs A otherwise
+// (vdpbf16ps, the emulation) or k is 0: the caller then writes the matrix and calls gemm_rounded.
 template <class T>
 bool gemm_rounded_with_a_source(index_t m, index_t n, index_t k, const gemm_bf16_row_source& a, trans tb,
                                 const T* b, index_t ldb, T* c, index_t ldc, int threads,
-                                const float* column_bias = nullptr) {
+                                const float* column_bias = nullptr, bool accumulate = false) {
   static_assert(std::is_same_v<T, bf16>, "kiln::cpu::gemm_rounded_with_a_source: T must be kiln::bf16");
   const bool bt = tb == trans::yes;
   KILN_CHECK(m >= 0 && n >= 0 && k >= 0 && ldb >= (bt ? k : n) && ldc >= n && threads >= 0 && a.rows != nullptr,
@@ -365,12 +369,13 @@ bool gemm_rounded_with_a_source(index_t m, index_t n, index_t k, const gemm_bf16
   detail::gemm_problem<bf16, float> g{m, n, k, 1.0f, 0.0f, nullptr, 0, 0, b, bt ? 1 : ldb, bt ? ldb : 1, nullptr, ldc, 1};
   g.c_low = c;
   g.c_low_bias = column_bias;
+  g.c_low_accumulate = accumulate;
   const detail::amx_rows_from_source adapter{&a};
   const detail::gemm_a_source<std::uint32_t> src{&detail::amx_rows_from_source::pack, &adapter};
   detail::gemm_blocked<detail::gemm_kernel_amx>(g, threads, {}, &src);
   return true;
 #else
-  (void)b, (void)c, (void)column_bias;
+  (void)b, (void)c, (void)column_bias, (void)accumulate;
   return false;
 #endif
 }
@@ -413,9 +418,9 @@ void gemm_with_a_source(index_t m, index_t n, index_t k, const detail::gemm_a_so
                                              const T*, index_t, T, T*, index_t, int);
 #define KILN_CPU_GEMM_ROUNDED_INSTANCES(EXTERN) \
   EXTERN template void gemm_rounded<bf16>(trans, trans, index_t, index_t, index_t, const bf16*, index_t, const bf16*, \
-                                          index_t, bf16*, index_t, int, const float*);          \
+                                          index_t, bf16*, index_t, int, const float*, bool);    \
   EXTERN template bool gemm_rounded_with_a_source<bf16>(index_t, index_t, index_t, const gemm_bf16_row_source&, trans, \
-                                                        const bf16*, index_t, bf16*, index_t, int, const float*);
+                                                        const bf16*, index_t, bf16*, index_t, int, const float*, bool);
 #if KILN_EXTERN_KERNELS
 KILN_CPU_GEMM_ROUNDED_INSTANCES(extern)
 KILN_CPU_GEMM_SOURCE_INSTANCES(extern, float)

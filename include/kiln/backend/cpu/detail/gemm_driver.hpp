@@ -123,9 +123,12 @@ struct gemm_problem {
   // Where set (a kernel with tile_rounded, alpha 1, beta 0, C row-major): C is written here
   // instead, each value rounded to bf16 from its sum over the whole of k (one k block), and c
   // is not used. c_low_bias (optional, with c_low): column j's value added to the sum before it
-  // is rounded (a convolution's bias, with no float C pass to add it in).
+  // is rounded (a convolution's bias, with no float C pass to add it in). c_low_accumulate: C's
+  // old value is added too (a gradient that already holds a contribution), each value then
+  // round(float(old) + sum), as a pass over a float C would do.
   bf16* c_low = nullptr;
   const float* c_low_bias = nullptr;
+  bool c_low_accumulate = false;
 };
 
 // The same product written as C^T = op(B)^T op(A)^T.
@@ -142,10 +145,11 @@ gemm_problem<T, Acc> transposed(const gemm_problem<T, Acc>& g) {
 //   packed_k(k)              packed elements per panel row for k values of k
 //   pack_a / pack_b(rows, k, src, rs, cs, dst)     gemm_pack.hpp's contract, panels of mr / nr
 //   tile(k, ap, bp, c, rs_c, cs_c, alpha, beta, mr, nr)  microkernel's contract
-//   tile_rounded(k, ap, bp, c_low, rs_c, bias, mr, nr)   optional: C = round_bf16(Ap * Bp + bias)
-//                            (c_low above; bias: the tile's nr column values, or nullptr)
+//   tile_rounded(k, ap, bp, c_low, rs_c, bias, acc, mr, nr)   optional: C = round_bf16(Ap * Bp +
+//                            bias [+ C]) (c_low above; bias: the tile's nr column values, or
+//                            nullptr; acc: C's old values added)
 //   reads_a_in_place(kc), tile_in_place(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, nr),
-//   tile_rounded_in_place(k, a, lda, bp, c_low, rs_c, bias, nr)   optional: whole mr-row panels of an
+//   tile_rounded_in_place(k, a, lda, bp, c_low, rs_c, bias, acc, nr)   optional: whole mr-row panels of an
 //                            op(A) whose rows hold k contiguously are read where they lie, not packed
 // gemm_kernel_fp: inputs converted to Acc while packing, multiplied in Acc (f16 and bf16 inputs
 // this way are the exact emulation: their products are exact in float). The bf16 kernel is
@@ -308,7 +312,7 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
                 const T* ai = g.a + (ic + ip * MR) * g.a_rs + pc;
                 if (g.c_low) {
                   K::tile_rounded_in_place(kc, ai, g.a_rs, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs,
-                                           bias_j, nr);
+                                           bias_j, g.c_low_accumulate, nr);
                 } else {
                   K::tile_in_place(kc, ai, g.a_rs, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha, beta, nr);
                 }
@@ -316,9 +320,10 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
               }
             }
             const typename K::packed* ap = in_place ? abuf : abuf + ip * MR * kw;
-            if constexpr (requires { K::tile_rounded(kc, abuf, bp, g.c_low, g.c_rs, bias_j, mr, nr); }) {
+            if constexpr (requires { K::tile_rounded(kc, abuf, bp, g.c_low, g.c_rs, bias_j, true, mr, nr); }) {
               if (g.c_low) {
-                K::tile_rounded(kc, ap, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs, bias_j, mr, nr);
+                K::tile_rounded(kc, ap, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs, bias_j,
+                                g.c_low_accumulate, mr, nr);
                 continue;
               }
             }

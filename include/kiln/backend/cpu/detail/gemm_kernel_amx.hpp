@@ -190,10 +190,12 @@ inline void amx_store_sums(float* KILN_RESTRICT c, index_t rs_c, index_t cs_c, f
   }
 }
 
-// C[0:mr, 0:nr] = round_bf16(sums + bias) into a bf16 C row-major with row stride rs_c (a
+// C[0:mr, 0:nr] = round_bf16(sums + bias [+ C]) into a bf16 C row-major with row stride rs_c (a
 // convolution's bf16 output straight from the tiles: no float C written to memory and read back).
-// bias: the nr columns' values (added in float, as an epilogue pass would), or nullptr.
-inline void amx_store_sums_rounded(bf16* KILN_RESTRICT c, index_t rs_c, const float* bias, int mr, int nr) {
+// bias: the nr columns' values (added in float, as an epilogue pass would), or nullptr;
+// accumulate: C's old values are added (a gradient accumulated in bf16, rounded once per addition).
+inline void amx_store_sums_rounded(bf16* KILN_RESTRICT c, index_t rs_c, const float* bias, bool accumulate, int mr,
+                                   int nr) {
   alignas(64) float out[32][32];
   amx_spill_sums(out);
   if (bias) {
@@ -204,7 +206,19 @@ inline void amx_store_sums_rounded(bf16* KILN_RESTRICT c, index_t rs_c, const fl
   }
   const __mmask32 live = avx512_mask32(nr);
   for (int r = 0; r < mr; ++r) {
-    const __m512 lo = _mm512_load_ps(&out[r][0]), hi = _mm512_load_ps(&out[r][16]);
+    __m512 lo = _mm512_load_ps(&out[r][0]), hi = _mm512_load_ps(&out[r][16]);
+    if (accumulate) {  // + float(old C): bf16 widened by a shift into the high half
+      const __m512i old = _mm512_maskz_loadu_epi16(live, c + r * rs_c);
+      // (maskz forms throughout: the plain ones pass GCC 12 an undefined vector it warns about)
+      const __m512i old_lo =
+          _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm512_maskz_extracti64x4_epi64(0xF, old, 0)), 16);
+      const __m512i old_hi = _mm512_maskz_slli_epi32(
+          0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm512_maskz_extracti64x4_epi64(0xF, old, 1)), 16);
+      lo = _mm512_add_ps(lo, _mm512_castsi512_ps(old_lo));
+      hi = _mm512_add_ps(hi, _mm512_castsi512_ps(old_hi));
+      _mm512_store_ps(&out[r][0], lo);
+      _mm512_store_ps(&out[r][16], hi);
+    }
     // vcvtne2ps2bf16 rounds as round_to_bf16 does (to nearest even, NaN made quiet) but reads a
     // denormal as zero: the tiles' sums never are one (tdpbf16ps flushes them), a sum plus a
     // bias can be, and that row is rounded the long way. One instruction per 32 values instead of
@@ -241,9 +255,9 @@ struct gemm_kernel_amx {
     amx_store_sums(c, rs_c, cs_c, alpha, beta, m_live, n_live);
   }
   static void tile_rounded(index_t k, const packed* ap, const packed* bp, bf16* c, index_t rs_c, const float* bias,
-                           int m_live, int n_live) {
+                           bool accumulate, int m_live, int n_live) {
     amx_tile_sums(k, reinterpret_cast<const char*>(ap), long(amx_packed_k(k) * 4), bp);
-    amx_store_sums_rounded(c, rs_c, bias, m_live, n_live);
+    amx_store_sums_rounded(c, rs_c, bias, accumulate, m_live, n_live);
   }
   // A read where it lies (gemm_driver.hpp's direct A): 32 whole rows, k contiguous in each, kc a
   // multiple of 32 (whole tiles, no padding to read), the rows lda values apart.
@@ -254,9 +268,9 @@ struct gemm_kernel_amx {
     amx_store_sums(c, rs_c, cs_c, alpha, beta, 32, n_live);
   }
   static void tile_rounded_in_place(index_t k, const bf16* a, index_t lda, const packed* bp, bf16* c, index_t rs_c,
-                                    const float* bias, int n_live) {
+                                    const float* bias, bool accumulate, int n_live) {
     amx_tile_sums(k, reinterpret_cast<const char*>(a), long(lda * 2), bp);
-    amx_store_sums_rounded(c, rs_c, bias, 32, n_live);
+    amx_store_sums_rounded(c, rs_c, bias, accumulate, 32, n_live);
   }
   static constexpr const char* name = "amx 32x32";
 };
