@@ -58,6 +58,17 @@ void conv2d_nhwc_permute(const Conv2dShape& s, const T* from, T* to, int threads
   });
 }
 
+// The weight in patch order [Cout, KH*KW*Cin]: w itself for a 1x1 kernel (the order is the same:
+// permuting it was a copy of the whole weight, 2% of a ResNet-50 fine-tuning step, whose 1x1
+// weights are most of its parameters), else permuted into the scratch slot Slot.
+template <class T, int Slot>
+const T* conv2d_nhwc_patch_weight(const Conv2dShape& s, const T* w, int threads) {
+  if (s.kh * s.kw == 1) return w;
+  T* wp = conv2d_scratch<T, Slot>(std::size_t(s.c_out * s.col_rows()));
+  conv2d_nhwc_permute<true>(s, w, wp, threads);
+  return wp;
+}
+
 // Visits the taps of output pixel (oh, ow) that land inside image x_n [H, W, Cin]:
 // f(offset in the patch, offset in the image, count), each a contiguous run (a whole kernel row
 // when dil_w == 1); pad(offset in the patch, count) for the runs that read padding. The callers'
@@ -232,7 +243,6 @@ void conv2d_nhwc_forward_epilogue(const Conv2dShape& s, const T* x, const T* w, 
   threads = detail::conv2d_threads(threads);
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows();
   const index_t chunk = detail::conv2d_chunk<T>(s);
-  T* wp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
   // An epilogue that would copy z unchanged (no bias, no activation, nothing kept) lets the GEMM
   // write y's rows itself: NHWC's GEMM rows are y's rows, so the copy pass is saved.
   bool direct = false;
@@ -249,7 +259,7 @@ void conv2d_nhwc_forward_epilogue(const Conv2dShape& s, const T* x, const T* w, 
   const bool patches = !detail::conv2d_nhwc_pointwise(s) && current_gemm_backend() == gemm_backend::own;
   T* z = direct ? nullptr
                 : detail::conv2d_scratch<T, detail::conv_nhwc_slot_z>(std::size_t(chunk * ohw * s.c_out));
-  detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
+  const T* wp = detail::conv2d_nhwc_patch_weight<T, detail::conv_nhwc_slot_w>(s, w, threads);
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
     const index_t r0 = n0 * ohw;
@@ -306,11 +316,10 @@ void conv2d_nhwc_backward_data(const Conv2dShape& s, const T* dy, const T* w, T*
   const index_t ohw = s.out_h() * s.out_w(), k = s.col_rows(), hwc = s.h * s.w * s.c_in;
   const index_t chunk = detail::conv2d_chunk<T>(s);
   const bool pointwise = detail::conv2d_nhwc_pointwise(s);
-  T* wp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
+  const T* wp = detail::conv2d_nhwc_patch_weight<T, detail::conv_nhwc_slot_w>(s, w, threads);
   T* dcol = pointwise ? nullptr
                       : detail::conv2d_scratch<T, detail::conv_nhwc_slot_col>(
                             std::size_t(chunk * ohw * k));
-  detail::conv2d_nhwc_permute<true>(s, w, wp, threads);
   for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
     const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
     const T* dyc = dy + n0 * ohw * s.c_out;
@@ -343,7 +352,8 @@ void conv2d_nhwc_backward_filter(const Conv2dShape& s, const T* x, const T* dy, 
     conv2d_winograd_backward_filter(s, x, dy, dw, threads);
   } else {
     const index_t chunk = detail::conv2d_chunk<T>(s);
-    T* dwp = detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
+    const bool pointwise_weight = s.kh * s.kw == 1;  // patch order is the weight's own: no permuting back
+    T* dwp = pointwise_weight ? dw : detail::conv2d_scratch<T, detail::conv_nhwc_slot_w>(std::size_t(s.c_out * k));
     for (index_t n0 = 0; n0 < s.n; n0 += chunk) {
       const index_t cn = std::min(chunk, s.n - n0), rows = cn * ohw;
       const T* col = detail::conv2d_nhwc_columns(s, x, n0, cn, threads);
@@ -351,7 +361,7 @@ void conv2d_nhwc_backward_filter(const Conv2dShape& s, const T* x, const T* dy, 
       gemm<T>(trans::yes, trans::no, s.c_out, k, rows, T(1), dy + n0 * ohw * s.c_out, s.c_out, col,
               k, n0 == 0 ? T(0) : T(1), dwp, k, threads);
     }
-    detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
+    if (!pointwise_weight) detail::conv2d_nhwc_permute<false>(s, dwp, dw, threads);
   }
   if (dbias != nullptr) detail::conv2d_nhwc_bias_grad(s, dy, dbias, threads);
 }

@@ -58,13 +58,9 @@ struct ConvAccumulate {
   }
 };
 
-// The weight in patch order [Cout, KH*KW*Cin] (conv2d_nhwc_permute): w itself for a 1x1 kernel,
-// else permuted into scratch.
+// The weight in patch order [Cout, KH*KW*Cin]: w itself for a 1x1 kernel, else permuted into scratch.
 inline const bf16* conv2d_bf16_patch_weight(const Conv2dShape& s, const bf16* w, int threads) {
-  if (s.kh * s.kw == 1) return w;
-  bf16* wp = conv2d_scratch<bf16, conv_bf16_slot_w>(std::size_t(s.c_out * s.col_rows()));
-  conv2d_nhwc_permute<true>(s, w, wp, threads);
-  return wp;
+  return conv2d_nhwc_patch_weight<bf16, conv_bf16_slot_w>(s, w, threads);
 }
 
 // The column matrix of a chunk of images as rows the GEMM asks for (gemm_bf16_row_source): each
