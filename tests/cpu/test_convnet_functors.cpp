@@ -212,3 +212,30 @@ TEST_CASE("global average pooling and the convolution epilogue functors, both la
     for (index_t ch = 0; ch < d.c; ++ch) CHECK(db[std::size_t(ch)] == doctest::Approx(want_db[std::size_t(ch)]));
   }
 }
+
+TEST_CASE("ImageIndex: walk visits a team member's share of a channel as at() names it, channel() in 32 and 64 bits") {
+  // The device teams' walk (no division per element) against at(k) for k = first, first + step, ...:
+  // steps below, at and past a plane, shares that start mid-image, both layouts.
+  for (bool nhwc : {false, true})
+    for (index_t plane : {1, 7, 49, 256})
+      for (index_t step : {1, 5, 49, 256, 300}) {
+        const index_t c = 3, images = 4, m = images * plane;
+        const ImageIndex ix{c, plane, nhwc};
+        for (index_t ch = 0; ch < c; ++ch)
+          for (index_t first = 0; first < std::min(step, m); first += std::max<index_t>(1, step / 3)) {
+            std::vector<index_t> got, want;
+            ix.walk(ch, m, first, step, [&](index_t i) { got.push_back(i); });
+            for (index_t k = first; k < m; k += step) want.push_back(ix.at(ch, k));
+            INFO((nhwc ? "nhwc" : "nchw") << " plane " << plane << " step " << step << " first " << first << " ch " << ch);
+            CHECK(got == want);
+          }
+      }
+  // channel(): the 32-bit form below 2^32, the 64-bit one past it, the same channel as the formula.
+  for (bool nhwc : {false, true}) {
+    const ImageIndex ix{96, 56 * 56, nhwc};
+    for (index_t i : {index_t(0), index_t(12345), index_t(0xFFFFFFFF), index_t(0x100000000), index_t(0x1234567890)}) {
+      const index_t want = nhwc ? i % 96 : (i / (56 * 56)) % 96;
+      CHECK(ix.channel(i) == want);
+    }
+  }
+}

@@ -9,7 +9,10 @@
 // from the saved statistics instead of keeping it.
 // Forward ONE pass per channel (statistics, then normalise); backward ONE (the activation's
 // derivative, the sums, dx, dweight and dbias together). Channels run in parallel on the CPU.
-// The CUDA path (cuDNN) is not written yet: a BatchNorm2d on kiln::cuda is a static_assert.
+// On kiln::cuda the functors of kiln/nn/convnet_functors.hpp run (run_device, below): a team of
+// threads per channel for the statistics and the backward sums (no division per element: an
+// ImageIndex walk), one elementwise kernel to normalise and one for dx — kiln's kernels, not
+// cuDNN's batch norm, so the fused activation and residual stay one pass.
 #pragma once
 
 #include <memory>
