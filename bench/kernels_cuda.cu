@@ -4,7 +4,8 @@
 // through kiln's public ops (kiln::nn on an ag::Tape over a kiln::CudaExecutor); and the
 // executor's dact kernel — the column sums that stand in for cuBLASLt's BGRAD epilogues
 // (fn::Identity: bias gradient only; fn::Relu: d = g·[out > 0] and its column sums) — at
-// [256, 4096] and [8192, 1024], fp32.
+// [256, 4096] and [8192, 1024], fp32; then BatchNorm2d forward and backward (training mode,
+// NCHW) at two of ResNet-50's shapes (run_batch_norm: rows = N*C, cols = H*W in the JSON).
 //
 // Timing (bench/cuda_timing.cuh): device time by CUDA events on the executor's stream, the stream
 // held until a block of calls is queued, so host-side costs do not count; a few warm-up calls,
@@ -228,6 +229,37 @@ void run_shape(Bench& b, index_t rows, index_t cols) {
   }
 }
 
+// BatchNorm2d<C> (NCHW, training mode: the batch statistics, the running ones' update, then the
+// normalising pass; backward: the per-channel sums with dweight and dbias, then dx) on a batch of
+// n images, against the copy of the same bytes: forward reads x and writes y, backward reads x
+// and dy and writes dx (each operand once; the per-channel vectors are counted too). The
+// statistics read x twice (mean, then the variance about it) and the backward recomputes the
+// normalised value, so the fraction of copy these reach is bounded below 1 by design.
+template <index_t C, index_t H, index_t W>
+void run_batch_norm(Bench& b, index_t n) {
+  namespace nn = kiln::nn;
+  namespace ag = kiln::ag;
+  using Img = ag::Var<float, kiln::cuda, kiln::dyn, C, H, W>;
+  const double N = double(n) * double(C * H * W), F = sizeof(float), Cd = double(C);
+  kiln::Tensor<float, kiln::host, kiln::dyn, C, H, W> h(kiln::Shape{n, C, H, W});
+  kiln::Generator gen(5);
+  for (index_t i = 0; i < h.size(); ++i) h.data()[i] = gen.uniform(-3.f, 3.f);
+  const Img x(kiln::to_device(h, b.exec), false);
+  Img xg(kiln::to_device(h, b.exec), true);
+  Img z(kiln::to_device(h, b.exec), true);  // the head's leaf
+  const nn::BatchNorm2d<C, float, kiln::cuda> bn;
+  b.copy.reserve(std::size_t(3 * N * F + 8 * Cd * F));
+  const Timed head = backward(b, [&] { return ag::sum(b.tape, z); }, [&] { z.zero_grad(); });
+  b.timer.reset_host_gaps();
+  // Forward: x, weight, bias and the running statistics read; y, the saved mean and 1/std and the
+  // running statistics written.
+  const Timed f = forward(b, [&] { return bn.forward(b.tape, x); });
+  emit(b, "batch_norm", "forward", n * C, H * W, f, (N + 4 * Cd) * F, (N + 4 * Cd) * F);
+  // Backward: x, dy, weight, bias, mean, 1/std read; dx, dweight, dbias written.
+  const Timed g = backward(b, [&] { return ag::sum(b.tape, bn.forward(b.tape, xg)); }, [&] { xg.zero_grad(); });
+  emit(b, "batch_norm", "backward", n * C, H * W, g, (2 * N + 4 * Cd) * F, (N + 2 * Cd) * F, &head);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -260,6 +292,10 @@ int main(int argc, char** argv) try {
   kiln_bench::CopyReference copy(timer, reps);
   Bench b{exec, tape, timer, copy, reps, kiln_bench::l2_bytes(), kiln::cu::device_name()};
   for (const auto& [rows, cols] : shapes) run_shape(b, rows, cols);
+  // Batch norm at two of ResNet-50's shapes, batch 32: layer1's 64 x 56 x 56 (25.7 MB per tensor:
+  // few channels, long planes — one team per channel leaves most SMs idle) and layer4's 512 x 7 x 7.
+  run_batch_norm<64, 56, 56>(b, 32);
+  run_batch_norm<512, 7, 7>(b, 32);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "kernels_cuda: FAILED: %s\n", e.what());
