@@ -148,7 +148,7 @@ gemm_problem<T, Acc> transposed(const gemm_problem<T, Acc>& g) {
 //   tile_rounded(k, ap, bp, c_low, rs_c, bias, acc, mr, nr)   optional: C = round_bf16(Ap * Bp +
 //                            bias [+ C]) (c_low above; bias: the tile's nr column values, or
 //                            nullptr; acc: C's old values added)
-//   reads_a_in_place(kc), tile_in_place(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, nr),
+//   reads_a_in_place(kc, lda), tile_in_place(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, nr),
 //   tile_rounded_in_place(k, a, lda, bp, c_low, rs_c, bias, acc, nr)   optional: whole mr-row panels of an
 //                            op(A) whose rows hold k contiguously are read where they lie, not packed
 // gemm_kernel_fp: inputs converted to Acc while packing, multiplied in Acc (f16 and bf16 inputs
@@ -171,6 +171,22 @@ struct gemm_kernel_fp {
                    Acc alpha, Acc beta, int m_live, int n_live) {
     microkernel(k, ap, bp, c, rs_c, cs_c, alpha, beta, m_live, n_live);
   }
+#if KILN_GEMM_AVX512
+  // fp32 on AVX-512: whole tiles of A read where they lie (microkernel_avx512_rows), unless the
+  // rows are a multiple of 2 KiB apart — then the twelve rows' lines fall into one or two L1 sets
+  // of twelve ways, beside the B panel's, and evict each other; those are packed as before.
+  static constexpr bool reads_a_in_place(index_t, index_t lda)
+    requires(std::is_same_v<T, float> && std::is_same_v<Acc, float>)
+  {
+    return lda % 512 != 0;
+  }
+  static void tile_in_place(index_t k, const T* a, index_t lda, const Acc* bp, Acc* c, index_t rs_c, index_t cs_c,
+                            Acc alpha, Acc beta, int n_live)
+    requires(std::is_same_v<T, float> && std::is_same_v<Acc, float>)
+  {
+    microkernel_avx512_rows<mr>(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, n_live);
+  }
+#endif
 };
 
 // Share of the multiply-adds that land in C rather than in the zero padding of partial tiles.
@@ -294,7 +310,8 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
         // A read in place where the kernel can (k contiguous in op(A)'s rows): its whole panels
         // straight from op(A), the last partial one packed alone into abuf.
         bool in_place = false;
-        if constexpr (requires { K::reads_a_in_place(kc); }) in_place = !a_src && g.a_cs == 1 && K::reads_a_in_place(kc);
+        if constexpr (requires { K::reads_a_in_place(kc, g.a_rs); })
+          in_place = !a_src && g.a_cs == 1 && K::reads_a_in_place(kc, g.a_rs);
         const index_t whole = in_place ? mc / MR : 0;  // panels read in place
         if (a_src) a_src->pack(a_src->ctx, ic, mc, pc, kc, abuf);
         else if (!in_place) K::pack_a(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, abuf);
@@ -307,15 +324,17 @@ void gemm_run(const gemm_problem<T, Acc>& g, const gemm_plan& plan, typename K::
           const float* bias_j = g.c_low_bias ? g.c_low_bias + jc + jp * NR : nullptr;
           for (index_t ip = 0; ip * MR < mc; ++ip) {
             const int mr = static_cast<int>(std::min<index_t>(MR, mc - ip * MR));
-            if constexpr (requires { K::reads_a_in_place(kc); }) {
+            if constexpr (requires { K::reads_a_in_place(kc, g.a_rs); }) {
               if (ip < whole) {
                 const T* ai = g.a + (ic + ip * MR) * g.a_rs + pc;
-                if (g.c_low) {
-                  K::tile_rounded_in_place(kc, ai, g.a_rs, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR, g.c_rs,
-                                           bias_j, g.c_low_accumulate, nr);
-                } else {
-                  K::tile_in_place(kc, ai, g.a_rs, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha, beta, nr);
+                if constexpr (requires { K::tile_rounded_in_place(kc, ai, g.a_rs, bp, g.c_low, g.c_rs, bias_j, true, nr); }) {
+                  if (g.c_low) {
+                    K::tile_rounded_in_place(kc, ai, g.a_rs, bp, g.c_low + (ic + ip * MR) * g.c_rs + jc + jp * NR,
+                                             g.c_rs, bias_j, g.c_low_accumulate, nr);
+                    continue;
+                  }
                 }
+                K::tile_in_place(kc, ai, g.a_rs, bp, cj + ip * MR * g.c_rs, g.c_rs, g.c_cs, g.alpha, beta, nr);
                 continue;
               }
             }

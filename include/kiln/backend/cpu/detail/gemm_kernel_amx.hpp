@@ -261,7 +261,7 @@ struct gemm_kernel_amx {
   }
   // A read where it lies (gemm_driver.hpp's direct A): 32 whole rows, k contiguous in each, kc a
   // multiple of 32 (whole tiles, no padding to read), the rows lda values apart.
-  static constexpr bool reads_a_in_place(index_t kc) { return kc % 32 == 0; }
+  static constexpr bool reads_a_in_place(index_t kc, index_t) { return kc % 32 == 0; }
   static void tile_in_place(index_t k, const bf16* a, index_t lda, const packed* bp, float* c, index_t rs_c,
                             index_t cs_c, float alpha, float beta, int n_live) {
     amx_tile_sums(k, reinterpret_cast<const char*>(a), long(lda * 2), bp);

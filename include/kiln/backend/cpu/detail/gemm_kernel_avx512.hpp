@@ -177,6 +177,45 @@ inline void microkernel_avx512(index_t kc, const float* KILN_RESTRICT ap,
   store_tile_avx512<MR>(acc, c, rs_c, cs_c, alpha, beta, mr, nr);
 }
 
+// microkernel_avx512 on whole MR-row tiles with A read where it lies: row r of the tile's A at
+// a + r * lda, k contiguous (a pointwise convolution's input rows, a backward-data's dy), instead
+// of a packed panel — the same products in the same order, so the same bits, without the pass
+// that packed them (pack_panels<12> was 9-11% of a ResNet-50 step). Three base pointers advance
+// along k and the rows are addressed as base + {0, 1, 2, 3} * lda, so the twelve rows cost six
+// registers rather than twelve.
+// requires: MR a multiple of 4 up to 12, nr <= 32, bp as microkernel_avx512's.
+template <int MR>
+inline void microkernel_avx512_rows(index_t kc, const float* KILN_RESTRICT a, index_t lda,
+                                    const float* KILN_RESTRICT bp, float* KILN_RESTRICT c, index_t rs_c,
+                                    index_t cs_c, float alpha, float beta, int nr) {
+  static_assert(MR % 4 == 0 && MR <= 12, "rows are addressed in groups of four from three bases");
+  constexpr int NV = 2, W = 16;
+  __m512 acc[MR][NV];
+  KILN_GEMM512_UNROLL("GCC unroll 16")
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = _mm512_setzero_ps();
+    acc[r][1] = _mm512_setzero_ps();
+  }
+
+  prefetch_tile_avx512(c, rs_c, cs_c, MR, nr);
+
+  const float* base[3] = {a, a + 4 * lda, a + 8 * lda};
+  const index_t offset[4] = {0, lda, 2 * lda, 3 * lda};
+  KILN_GEMM512_UNROLL("GCC unroll 4")
+  for (index_t p = 0; p < kc; ++p) {
+    const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + W);
+    KILN_GEMM512_UNROLL("GCC unroll 16")
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ai = _mm512_set1_ps(base[r / 4][offset[r % 4] + p]);
+      acc[r][0] = _mm512_fmadd_ps(ai, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(ai, b1, acc[r][1]);
+    }
+    bp += NV * W;
+  }
+
+  store_tile_avx512<MR>(acc, c, rs_c, cs_c, alpha, beta, MR, nr);
+}
+
 }  // namespace kiln::cpu::detail
 
 #undef KILN_GEMM512_UNROLL
