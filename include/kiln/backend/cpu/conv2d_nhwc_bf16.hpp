@@ -77,17 +77,17 @@ struct NhwcPatchRows {
     for (index_t r = 0; r < count; ++r) {
       const index_t pixel = r0 + r, img = pixel / ohw, oh = pixel % ohw / ow_n, ow = pixel % ow_n;
       const bf16* x_n = src.x + img * hwc;
-      bf16* out = dst + r * ld - p0;  // out[p]: patch value p
+      bf16* out = dst + r * ld;  // out[p - p0]: patch value p
       conv2d_nhwc_taps(
           s, oh, ow,
           [&](index_t p, index_t q, index_t len) {
             const index_t lo = std::max(p, p0), hi = std::min(p + len, p1);
-            if (hi - lo >= 16) std::memcpy(out + lo, x_n + q + (lo - p), std::size_t(hi - lo) * sizeof(bf16));
-            else for (index_t e = lo; e < hi; ++e) out[e] = x_n[q + (e - p)];
+            if (hi - lo >= 16) std::memcpy(out + (lo - p0), x_n + q + (lo - p), std::size_t(hi - lo) * sizeof(bf16));
+            else for (index_t e = lo; e < hi; ++e) out[e - p0] = x_n[q + (e - p)];
           },
           [&](index_t p, index_t len) {
             const index_t lo = std::max(p, p0), hi = std::min(p + len, p1);
-            if (lo < hi) std::fill(out + lo, out + hi, bf16{});
+            if (lo < hi) std::fill(out + (lo - p0), out + (hi - p0), bf16{});
           });
     }
   }
