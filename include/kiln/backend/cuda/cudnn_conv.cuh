@@ -225,10 +225,9 @@ class CudnnConv {
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
     Plan p;
     const cudnnDataType_t type = detail::cudnn_type<T>();
-    const std::int64_t elem = alignment;  // the byte alignment each tensor descriptor promises
-    p.keep.push_back(detail::nchw_tensor(uid_x, type, s.n, s.c_in, s.h, s.w, elem));
-    p.keep.push_back(detail::nchw_tensor(uid_w, type, s.c_out, s.c_in, s.kh, s.kw, elem));
-    p.keep.push_back(detail::nchw_tensor(uid_y, type, s.n, s.c_out, s.out_h(), s.out_w(), elem));
+    p.keep.push_back(detail::nchw_tensor(uid_x, type, s.n, s.c_in, s.h, s.w, alignment));
+    p.keep.push_back(detail::nchw_tensor(uid_w, type, s.c_out, s.c_in, s.kh, s.kw, alignment));
+    p.keep.push_back(detail::nchw_tensor(uid_y, type, s.n, s.c_out, s.out_h(), s.out_w(), alignment));
     const auto& x = *p.keep[0];
     const auto& w = *p.keep[1];
     const auto& y = *p.keep[2];
