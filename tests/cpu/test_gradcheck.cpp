@@ -12,6 +12,8 @@
 
 #include <doctest/doctest.h>
 
+#include "gradcheck_helpers.hpp"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,29 +21,7 @@
 using namespace kiln;
 using Tape = ag::Tape<CpuExecutor>;
 using In = std::vector<GradcheckInput>;
-
-namespace {
-
-// A [rows, cols] input with values in [lo, hi), away from 0 when `away` (for kinks like relu).
-GradcheckInput input(index_t rows, index_t cols, std::uint64_t seed, double lo = -1.5, double hi = 1.5,
-                     bool away = false) {
-  HostMatrix<double> m(rows, cols);
-  Generator gen(seed);
-  for (index_t i = 0; i < m.size(); ++i) {
-    double v = lo + (hi - lo) * double(gen.uniform());
-    if (away && std::abs(v) < 0.1) v += v < 0 ? -0.2 : 0.2;
-    m.data()[i] = v;
-  }
-  return GradcheckInput(std::move(m), true);
-}
-
-#define CHECK_GRADCHECK(r)      \
-  do {                          \
-    const auto res_ = (r);      \
-    CHECK_MESSAGE(res_.ok, res_.report); \
-  } while (0)
-
-}  // namespace
+using kiln_gradcheck_test::input;
 
 TEST_CASE("gradcheck: elementwise maps, with a broadcast bias and a scalar") {
   CHECK_GRADCHECK(gradcheck([](Tape& t, In& x) { return ag::map(t, tanh(x[0] * x[0] + x[1]) * 2.0); },

@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include "gradcheck_helpers.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +20,7 @@
 using namespace kiln;
 using Tape = ag::Tape<CpuExecutor>;
 using In = std::vector<GradcheckInput>;
+using kiln_gradcheck_test::input;
 
 namespace {
 
@@ -43,13 +46,6 @@ static_assert(!nn::Residual<nn::Sequential<Conv<4, 4, 3>, BN4>, void, nn::Tanh>:
 static_assert(models::Bottleneck<256, 64, 1>::type::fuses_into_norm);
 static_assert(models::Bottleneck<256, 128, 2>::type::projection_output_unread);
 static_assert(Down::projection_output_unread && !Basic::projection_output_unread);
-
-GradcheckInput input(index_t rows, index_t cols, std::uint64_t seed) {
-  HostMatrix<double> m(rows, cols);
-  Generator gen(seed);
-  for (index_t i = 0; i < m.size(); ++i) m.data()[i] = -1.5 + 3.0 * double(gen.uniform());
-  return GradcheckInput(std::move(m), true);
-}
 
 struct Run {
   std::vector<double> out, input_grad, param_grads;
