@@ -293,7 +293,8 @@ int main(int argc, char** argv) try {
   Bench b{exec, tape, timer, copy, reps, kiln_bench::l2_bytes(), kiln::cu::device_name()};
   for (const auto& [rows, cols] : shapes) run_shape(b, rows, cols);
   // Batch norm at two of ResNet-50's shapes, batch 32: layer1's 64 x 56 x 56 (25.7 MB per tensor:
-  // few channels, long planes — one team per channel leaves most SMs idle) and layer4's 512 x 7 x 7.
+  // few channels, long planes: each channel's sums split into 16 parts of 6,272, kiln/core/row_parts.hpp)
+  // and layer4's 512 x 7 x 7 (a block per channel).
   run_batch_norm<64, 56, 56>(b, 32);
   run_batch_norm<512, 7, 7>(b, 32);
   return 0;

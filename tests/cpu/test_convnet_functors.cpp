@@ -7,6 +7,7 @@
 #include <kiln/backend/cpu/batchnorm2d_nhwc.hpp>
 #include <kiln/backend/cpu/pool2d.hpp>
 #include <kiln/backend/cpu/pool2d_nhwc.hpp>
+#include <kiln/core/row_parts.hpp>
 #include <kiln/expr/functors.hpp>
 #include <kiln/nn/convnet_functors.hpp>
 
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace kiln;
@@ -32,7 +34,7 @@ std::vector<float> random_values(std::size_t n, unsigned seed, bool integers = f
   return v;
 }
 
-void check_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const char* what) {
+void check_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const std::string& what) {
   REQUIRE(got.size() == want.size());
   double scale = 0;
   for (float v : want) scale = std::max(scale, double(std::abs(v)));
@@ -46,6 +48,34 @@ void check_close(const std::vector<float>& got, const std::vector<float>& want, 
 struct Dims {
   index_t n, c, h, w;
 };
+
+// A team of one thread: what a device block's team computes, in the element order of a serial loop.
+struct SerialTeam {
+  static int rank() { return 0; }
+  static int size() { return 1; }
+  template <class V>
+  static V sum(V v) {
+    return v;
+  }
+};
+
+// What a device's for_each_row_in_parts computes (rowwise.cuh): each part of each row reduced on
+// its own, then the row's partials combined in part order by f.finish.
+template <class F>
+void run_in_parts(const F& f, index_t rows, index_t len, RowParts parts) {
+  std::vector<typename F::part_type> partial(static_cast<std::size_t>(parts.count));
+  for (index_t r = 0; r < rows; ++r) {
+    for (index_t p = 0; p < parts.count; ++p)
+      partial[std::size_t(p)] = f.part(SerialTeam{}, r, parts.begin(p), parts.end(p, len));
+    f.finish(r, partial.data(), parts.count);
+  }
+}
+
+// ceil(len / count) elements per part, as RowParts::of makes them (a given count, for the tests).
+RowParts parts_of(index_t count, index_t len) {
+  const index_t chunk = (len + count - 1) / count;
+  return {(len + chunk - 1) / chunk, chunk};
+}
 
 }  // namespace
 
@@ -238,4 +268,81 @@ TEST_CASE("ImageIndex: walk visits a team member's share of a channel as at() na
       CHECK(ix.channel(i) == want);
     }
   }
+}
+
+TEST_CASE("RowParts: long channels split into parts of at least 4096 elements, enough of them for 1024 blocks") {
+  // ResNet-50 at batch 32: layer1's 64 channels of 100,352 take 16 parts each; layer4's 1,568 one.
+  CHECK(RowParts::of(64, 32 * 56 * 56).count == 16);
+  CHECK(RowParts::of(64, 32 * 56 * 56).chunk == 6272);
+  CHECK(RowParts::of(256, 32 * 56 * 56).count == 4);
+  CHECK(RowParts::of(512, 32 * 7 * 7).count == 1);
+  CHECK(RowParts::of(4, 8191).count == 1);
+  CHECK(RowParts::of(4, 8192).count == 2);
+  for (index_t rows : {1, 3, 64, 2048})
+    for (index_t len : {0, 1, 4095, 4096, 10000, 100352, 1000003}) {
+      const RowParts p = RowParts::of(rows, len);
+      INFO("rows ", rows, " len ", len, ": ", p.count, " parts of ", p.chunk);
+      CHECK(p.count >= 1);
+      CHECK((p.count == 1 || p.chunk >= RowParts::min_part));
+      CHECK((p.count == 1 || rows * (p.count - 1) < RowParts::target_blocks));
+      // Consecutive, none empty, covering [0, len).
+      CHECK(p.begin(0) == 0);
+      CHECK(p.end(p.count - 1, len) == len);
+      for (index_t k = 0; k + 1 < p.count; ++k) CHECK(p.end(k, len) == p.begin(k + 1));
+      if (len > 0)
+        for (index_t k = 0; k < p.count; ++k) CHECK(p.end(k, len) > p.begin(k));
+    }
+}
+
+TEST_CASE("per-channel reductions in parts (a device's long channels) match the whole channel's, both layouts") {
+  CpuExecutor exec(1);
+  for (bool nhwc : {false, true})
+    for (const Dims d : {Dims{6, 3, 5, 7}, Dims{32, 2, 56, 56}}) {
+      const index_t hw = d.h * d.w, m = d.n * hw, size = d.n * d.c * hw;
+      const ImageIndex ix{d.c, hw, nhwc};
+      // Each image shifted by 3 x its index: the parts' means differ by many standard deviations,
+      // so a merge that dropped the between-parts term (or weighted it wrongly) is far off.
+      auto x = random_values(static_cast<std::size_t>(size), 21);
+      const auto dy = random_values(static_cast<std::size_t>(size), 22), gamma = random_values(std::size_t(d.c), 23),
+                 beta = random_values(std::size_t(d.c), 24);
+      for (index_t i = 0; i < size; ++i) x[std::size_t(i)] += 3.0f * float(i / (d.c * hw));
+      const auto c = std::size_t(d.c);
+      for (const RowParts parts : {parts_of(1, m), parts_of(4, m), parts_of(7, m), RowParts::of(d.c, m)}) {
+        INFO((nhwc ? "nhwc" : "nchw"), " c ", d.c, " m ", m, ": ", parts.count, " parts of ", parts.chunk);
+        // Statistics (with the running statistics' update).
+        std::vector<float> mean(c), invstd(c), rm(c, 0.5f), rv(c, 2.0f), mean2(c), invstd2(c), rm2 = rm, rv2 = rv;
+        nn::detail::launch_lines<false>(
+            exec, d.c, m, BnStatsRows<float>{x.data(), mean.data(), invstd.data(), rm.data(), rv.data(), ix, m, 1e-5, 0.1},
+            "bn_stats", 0);
+        run_in_parts(BnStatsRows<float>{x.data(), mean2.data(), invstd2.data(), rm2.data(), rv2.data(), ix, m, 1e-5, 0.1},
+                     d.c, m, parts);
+        // Backward sums and parameter gradients; the bias gradient.
+        const BnApply<float, fn::Silu> apply{x.data(), nullptr, gamma.data(), beta.data(), mean.data(), invstd.data(), ix};
+        std::vector<float> sums(2 * c), dg(c), db(c), sums2(2 * c), dg2(c), db2(c), cb(c, 1.0f), cb2(c, 1.0f);
+        nn::detail::launch_lines<false>(
+            exec, d.c, m, BnBackwardRows<float, fn::Silu>{apply, dy.data(), sums.data(), dg.data(), db.data(), false, false, m},
+            "bn_sums", 0);
+        run_in_parts(BnBackwardRows<float, fn::Silu>{apply, dy.data(), sums2.data(), dg2.data(), db2.data(), false, false, m},
+                     d.c, m, parts);
+        nn::detail::launch_lines<false>(exec, d.c, m, ConvBiasGradRows<float>{dy.data(), cb.data(), ix, m, true}, "bias_grad", 0);
+        run_in_parts(ConvBiasGradRows<float>{dy.data(), cb2.data(), ix, m, true}, d.c, m, parts);
+        if (parts.count == 1) {
+          // One part is the whole channel in the serial loop's order: the same bits.
+          CHECK(mean2 == mean);
+          CHECK(invstd2 == invstd);
+          CHECK(rv2 == rv);
+          CHECK(sums2 == sums);
+          CHECK(cb2 == cb);
+        } else {
+          check_close(mean2, mean, 1e-6, "mean");
+          check_close(invstd2, invstd, 1e-6, "invstd");
+          check_close(rm2, rm, 1e-6, "running mean");
+          check_close(rv2, rv, 1e-6, "running var");
+          check_close(sums2, sums, 1e-6, "backward sums");
+          check_close(dg2, dg, 1e-6, "dgamma");
+          check_close(db2, db, 1e-6, "dbeta");
+          check_close(cb2, cb, 1e-6, "bias gradient");
+        }
+      }
+    }
 }

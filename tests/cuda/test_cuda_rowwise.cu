@@ -1,6 +1,7 @@
 // The row-wise nn ops on the CUDA executor against the CPU executor: softmax and log_softmax,
 // layer_norm with and without weight and bias (forward, and every gradient), Dropout's mask
-// for the same seed, and LayerNorm / Dropout inside a Sequential rebound to the device.
+// for the same seed, LayerNorm / Dropout inside a Sequential rebound to the device, and
+// BatchNorm2d's per-channel sums split over several blocks (kiln/core/row_parts.hpp).
 //
 // Tolerances: the CPU sums each row (or column) in order; the CUDA kernels sum a row as a warp or
 // block tree and a column in tiles (kiln/backend/cuda/rowwise.cuh), which is no less accurate:
@@ -184,7 +185,58 @@ Results dropout_run(Exec& exec, const HMat<float>& x, const HMat<float>& dy) {
           fetch(x1.grad()), fetch(x2.grad()), fetch(x3.grad()), {double(layer.offset())}};
 }
 
+// BatchNorm2d<C> in training mode on [n, C, H, W], then the backward of sum(y * dy): the output,
+// every gradient and the running statistics, from the executor of space S.
+template <class S, index_t C, index_t H, index_t W>
+std::vector<std::vector<double>> batch_norm_run(index_t n, std::uint64_t seed) {
+  using Exec = std::conditional_t<std::is_same_v<S, host>, Cpu, Gpu>;
+  using Img = ag::Var<float, S, dyn, C, H, W>;
+  kiln::Tensor<float, host, dyn, C, H, W> hx(kiln::Shape{n, C, H, W}), hdy(kiln::Shape{n, C, H, W});
+  std::mt19937 rng{unsigned(seed)};
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  // Each image shifted by its index: a channel's parts have means many deviations apart, which a
+  // wrong merge of the parts' statistics would not survive.
+  for (index_t i = 0; i < hx.size(); ++i) hx.data()[i] = u(rng) + float(i / (C * H * W));
+  for (index_t i = 0; i < hdy.size(); ++i) hdy.data()[i] = u(rng);
+  Exec exec;
+  ag::Tape<Exec> tape(exec);
+  Img x(to_space<S>(hx), true);
+  const Img dy(to_space<S>(hdy), false);
+  const nn::BatchNorm2d<C, float, S> bn;
+  auto y = bn.forward(tape, x);
+  tape.backward(ag::sum(tape, ag::map(tape, y * dy)));
+  return {fetch(y.value()),       fetch(x.grad()),
+          fetch(bn.weight().grad()), fetch(bn.bias().grad()),
+          fetch(bn.buffers().running_mean), fetch(bn.buffers().running_var)};
+}
+
+// The layer on the device against the CPU's loops (which sum each channel in order), and a second
+// device run against the first, bit for bit: the split (kiln/core/row_parts.hpp) and the merge
+// order are functions of the shape alone.
+template <index_t C, index_t H, index_t W>
+void compare_batch_norm(index_t n) {
+  INFO("batch norm on [", n, ", ", C, ", ", H, ", ", W, "]: ", kiln::RowParts::of(C, n * H * W).count,
+       " parts per channel");
+  const auto cpu = batch_norm_run<host, C, H, W>(n, 3), gpu = batch_norm_run<Device, C, H, W>(n, 3);
+  const auto again = batch_norm_run<Device, C, H, W>(n, 3);
+  const char* names[] = {"y", "dx", "dweight", "dbias", "running mean", "running var"};
+  for (std::size_t k = 0; k < cpu.size(); ++k) {
+    kiln_cuda_test::check_close(gpu[k], cpu[k], 1e-5, names[k]);
+    CHECK_MESSAGE(again[k] == gpu[k], names[k], " differs between two device runs");
+  }
+}
+
 }  // namespace
+
+TEST_CASE("row-wise nn on CudaExecutor: batch norm's channels split over several blocks match the CPU, run to run") {
+  static_assert(kiln::RowParts::of(2, 8 * 32 * 32).count == 2);
+  compare_batch_norm<2, 32, 32>(8);
+}
+
+TEST_CASE("row-wise nn on CudaExecutor: batch norm at ResNet-50 layer1's plane, 24 parts per channel (large)") {
+  static_assert(kiln::RowParts::of(4, 32 * 56 * 56).count == 24);
+  compare_batch_norm<4, 56, 56>(32);
+}
 
 TEST_CASE("row-wise nn on CudaExecutor: softmax and log_softmax, forward and backward, match the CPU") {
   compare_softmax<float>(1e-5);

@@ -4,7 +4,8 @@
 // The CPU runs the tuned loops of kiln/backend/cpu (conv2d, batchnorm2d, pool2d and their _nhwc
 // twins); a device executor (CUDA) runs these functors — elementwise ones through
 // for_each_element, per-channel reductions through launch_lines (a team of threads per channel,
-// `row(team, r)`; nn/module.hpp). They run on the CPU executor as well, which is how
+// `row(team, r)`, or per part of a long channel, `part(team, r, begin, end)` and `finish`;
+// nn/module.hpp, kiln/core/row_parts.hpp). They run on the CPU executor as well, which is how
 // tests/cpu/test_convnet_functors.cpp checks them against the CPU loops on every machine.
 //
 // Layout: an element's channel is (i / plane) % c in NCHW and i % c in NHWC (plane = H*W);
@@ -75,7 +76,7 @@ struct BnStatsRows {
   ImageIndex ix;
   index_t m;  // N*H*W
   double eps, momentum;
-  KILN_HOST_DEVICE void finish(index_t ch, double mu, double var) const {
+  KILN_HOST_DEVICE void write(index_t ch, double mu, double var) const {
     mean[ch] = T(mu);
     invstd[ch] = T(1.0 / math::sqrt(var + eps));
     if (running_mean) {
@@ -92,20 +93,44 @@ struct BnStatsRows {
       const double d = double(x[ix.at(ch, k)]) - mu;
       q += d * d;
     }
-    finish(ch, mu, q / double(m));
+    write(ch, mu, q / double(m));
   }
+  // A part of a channel (kiln/core/row_parts.hpp): its count, its mean, and the sum of squared
+  // deviations from that mean — two passes over the part, as the whole channel's are.
+  struct Moments {
+    double n, mean, m2;
+  };
+  using part_type = Moments;
   template <class Team>
-  KILN_DEVICE void row(const Team& t, index_t ch) const {
+  KILN_DEVICE Moments part(const Team& t, index_t ch, index_t begin, index_t end) const {
     double s = 0;
-    ix.walk(ch, m, t.rank(), t.size(), [&](index_t i) { s += double(x[i]); });
-    const double mu = t.sum(s) / double(m);
+    ix.walk(ch, end, begin + t.rank(), t.size(), [&](index_t i) { s += double(x[i]); });
+    const double n = double(end - begin), mu = t.sum(s) / n;
     double q = 0;
-    ix.walk(ch, m, t.rank(), t.size(), [&](index_t i) {
+    ix.walk(ch, end, begin + t.rank(), t.size(), [&](index_t i) {
       const double d = double(x[i]) - mu;
       q += d * d;
     });
-    q = t.sum(q);
-    if (t.rank() == 0) finish(ch, mu, q / double(m));
+    return {n, mu, t.sum(q)};
+  }
+  // The parts merged in order by Chan, Golub and LeVeque's pairwise update (the mean moves by the
+  // difference of the means, the squared deviations gain its square times n_a n_b / n): no
+  // sum-of-squares cancellation, and one part gives exactly the two-pass mean and variance.
+  KILN_HOST_DEVICE void finish(index_t ch, const Moments* parts, index_t count) const {
+    Moments a = parts[0];
+    for (index_t p = 1; p < count; ++p) {
+      const Moments& b = parts[p];
+      const double n = a.n + b.n, d = b.mean - a.mean;
+      a.mean += d * (b.n / n);
+      a.m2 += b.m2 + d * d * (a.n * b.n / n);
+      a.n = n;
+    }
+    write(ch, a.mean, a.m2 / double(m));
+  }
+  template <class Team>
+  KILN_DEVICE void row(const Team& t, index_t ch) const {
+    const Moments p = part(t, ch, 0, m);
+    if (t.rank() == 0) finish(ch, &p, 1);
   }
 };
 
@@ -156,7 +181,7 @@ struct BnBackwardRows {
     a += dz;
     b += dz * (double(fwd.x[i]) - double(fwd.mean[ch])) * double(fwd.invstd[ch]);
   }
-  KILN_HOST_DEVICE void finish(index_t ch, double a, double b) const {
+  KILN_HOST_DEVICE void write(index_t ch, double a, double b) const {
     sums[ch] = T(a);
     sums[fwd.ix.c + ch] = T(b);
     if (dbeta) put_grad(dbeta[ch], T(a), add_beta);
@@ -165,15 +190,32 @@ struct BnBackwardRows {
   KILN_HOST_DEVICE void operator()(index_t ch, index_t) const {
     double a = 0, b = 0;
     for (index_t k = 0; k < m; ++k) terms(ch, fwd.ix.at(ch, k), a, b);
-    finish(ch, a, b);
+    write(ch, a, b);
+  }
+  // A part of a channel (kiln/core/row_parts.hpp): its two sums; the parts add in order.
+  struct Sums {
+    double a, b;
+  };
+  using part_type = Sums;
+  template <class Team>
+  KILN_DEVICE Sums part(const Team& t, index_t ch, index_t begin, index_t end) const {
+    double a = 0, b = 0;
+    fwd.ix.walk(ch, end, begin + t.rank(), t.size(), [&](index_t i) { terms(ch, i, a, b); });
+    a = t.sum(a);
+    return {a, t.sum(b)};
+  }
+  KILN_HOST_DEVICE void finish(index_t ch, const Sums* parts, index_t count) const {
+    double a = parts[0].a, b = parts[0].b;
+    for (index_t p = 1; p < count; ++p) {
+      a += parts[p].a;
+      b += parts[p].b;
+    }
+    write(ch, a, b);
   }
   template <class Team>
   KILN_DEVICE void row(const Team& t, index_t ch) const {
-    double a = 0, b = 0;
-    fwd.ix.walk(ch, m, t.rank(), t.size(), [&](index_t i) { terms(ch, i, a, b); });
-    a = t.sum(a);
-    b = t.sum(b);
-    if (t.rank() == 0) finish(ch, a, b);
+    const Sums p = part(t, ch, 0, m);
+    if (t.rank() == 0) finish(ch, &p, 1);
   }
 };
 
@@ -432,12 +474,23 @@ struct ConvBiasGradRows {
     for (index_t k = 0; k < m; ++k) s += double(dz[ix.at(ch, k)]);
     put_grad(db[ch], T(s), add);
   }
+  // A part of a channel (kiln/core/row_parts.hpp): its sum; the parts add in order.
+  using part_type = double;
+  template <class Team>
+  KILN_DEVICE double part(const Team& t, index_t ch, index_t begin, index_t end) const {
+    double s = 0;
+    ix.walk(ch, end, begin + t.rank(), t.size(), [&](index_t i) { s += double(dz[i]); });
+    return t.sum(s);
+  }
+  KILN_HOST_DEVICE void finish(index_t ch, const double* parts, index_t count) const {
+    double s = parts[0];
+    for (index_t p = 1; p < count; ++p) s += parts[p];
+    put_grad(db[ch], T(s), add);
+  }
   template <class Team>
   KILN_DEVICE void row(const Team& t, index_t ch) const {
-    double s = 0;
-    ix.walk(ch, m, t.rank(), t.size(), [&](index_t i) { s += double(dz[i]); });
-    s = t.sum(s);
-    if (t.rank() == 0) put_grad(db[ch], T(s), add);
+    const double s = part(t, ch, 0, m);
+    if (t.rank() == 0) finish(ch, &s, 1);
   }
 };
 

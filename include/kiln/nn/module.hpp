@@ -259,7 +259,9 @@ namespace detail {
 // threads by their length (for_each_element(n, 1) would give a thread up to `grain` whole items,
 // so most inputs would run on one thread). On an executor with cooperative kernels (CUDA,
 // kiln/backend/cuda/rowwise.cuh) f gives them its row as `row(team, r)`, run by a warp or a block
-// per row, or its column sums as `terms` / `finish`, summed in tiles; elsewhere one work item each.
+// per row, or its column sums as `terms` / `finish`, summed in tiles; a functor with a `part_type`
+// (`part` / `finish`, rowwise.cuh) has its long rows split over several blocks each
+// (kiln/core/row_parts.hpp). Elsewhere one work item each.
 template <bool PerColumn, class Exec, class F>
 void launch_lines(Exec& exec, index_t n, index_t len, const F& f, const char* name, std::size_t bytes,
                   const char* k = kind::norm) {
@@ -276,6 +278,11 @@ void launch_lines(Exec& exec, index_t n, index_t len, const F& f, const char* na
     });
   } else if constexpr (PerColumn && requires { exec.column_sums(len, n, f, k, name, bytes); }) {
     exec.column_sums(len, n, f, k, name, bytes);
+  } else if constexpr (!PerColumn && requires {
+                         typename F::part_type;
+                         exec.for_each_row_in_parts(n, len, f, k, name, bytes);
+                       }) {
+    exec.for_each_row_in_parts(n, len, f, k, name, bytes);
   } else if constexpr (!PerColumn && requires { exec.for_each_row(n, len, f, k, name, bytes); }) {
     exec.for_each_row(n, len, f, k, name, bytes);
   } else if constexpr (PerColumn) {

@@ -385,6 +385,16 @@ class CudaExecutor {
     launch_rows(rows, len, f);
   }
 
+  // f.row's result for every row, the long rows split over several blocks (kiln/core/row_parts.hpp,
+  // rowwise.cuh): f.part per part, then f.finish per row over its partials in part order. Counted
+  // as ONE launch, as column_sums is; rows that fit one part take launch_rows (f.row) alone.
+  template <class F>
+  void for_each_row_in_parts(index_t rows, index_t len, const F& f, const char* k, const std::string& name,
+                             std::size_t bytes) {
+    stats_.count(k, name, rows * len, bytes);
+    launch_row_parts(rows, len, f);
+  }
+
   // Column sums of f's terms over an [rows, cols] range, handed to f.finish per column
   // (rowwise.cuh): tiled and deterministic. Counted as ONE launch, as reduce() is: a second
   // kernel adds the tiles' sums when the rows span more than one tile.
@@ -753,6 +763,22 @@ class CudaExecutor {
     } else {
       cu::kernels::rows_by_block<<<unsigned(std::min(rows, max_grid)), cu::row_threads, 0, stream_>>>(f, rows);
     }
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+
+  template <class F>
+  void launch_row_parts(index_t rows, index_t len, const F& f) {
+    using P = typename F::part_type;
+    if (rows <= 0) return;
+    const RowParts parts = RowParts::of(rows, len);
+    if (parts.count == 1) return launch_rows(rows, len, f);
+    auto buf = temps_.take(std::size_t(rows * parts.count) * sizeof(P));
+    P* partial = static_cast<P*>(buf.get());
+    const index_t max_grid = index_t(1) << 30;  // the kernel loops over parts beyond the grid
+    cu::kernels::row_parts<<<unsigned(std::min(rows * parts.count, max_grid)), cu::row_threads, 0, stream_>>>(
+        f, rows, len, parts, partial);
+    cu::kernels::row_parts_finish<<<unsigned((rows + threads - 1) / threads), threads, 0, stream_>>>(
+        f, rows, parts.count, partial);
     KILN_CUDA_CHECK(cudaGetLastError());
   }
 

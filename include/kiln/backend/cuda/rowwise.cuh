@@ -1,6 +1,7 @@
 // kiln/backend/cuda/rowwise.cuh — the CUDA executor's kernels for work reduced along rows or down
 // columns: softmax, layer_norm and cross-entropy rows and a loss's sum over its rows (for_each_row),
-// layer_norm's affine gradients and the GEMM-epilogue fallback's bias gradient (column_sums).
+// layer_norm's affine gradients and the GEMM-epilogue fallback's bias gradient (column_sums), and
+// a few long rows split over several blocks each (row_parts: batch norm's per-channel sums).
 //
 // Rows: the functor gives `row(team, r)`. A team of threads works on row r — a warp when the row
 // has at most warp_row_limit elements, else a block of row_threads. Member rank() reads elements
@@ -9,6 +10,12 @@
 // member the same value. The team's shape depends on the row length only and its reductions run
 // in a fixed tree order, so a row's result does not depend on the run, the device or the number
 // of rows.
+//
+// Rows in parts: the functor gives `part_type`, `part(team, r, begin, end)` — its reduction of
+// elements [begin, end) of row r, the same in every member — and `finish(r, parts, count)`, which
+// combines row r's count partials in part order and writes the result. How a row is split
+// depends on (rows, len) only (kiln/core/row_parts.hpp), so results are again a fixed function of
+// the data and the shape.
 //
 // Columns: the functor gives `sum_type`, `sums` (K), `terms(r, c, v)` — the K values at (r, c)
 // summed down column c (it may also write per-element outputs) — and `finish(c, s)`, which takes
@@ -24,6 +31,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "kiln/config.hpp"
+#include "kiln/core/row_parts.hpp"
 
 namespace kiln::cu {
 
@@ -125,6 +133,27 @@ template <class F>
 __global__ void __launch_bounds__(row_threads) rows_by_block(F f, index_t rows) {
   const BlockTeam<row_threads> team;
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) f.row(team, r);
+}
+
+// Rows in parts (kiln/core/row_parts.hpp): block b reduces part b % parts.count of row
+// b / parts.count with f.part(team, r, begin, end) into partial[b]; a grid-stride loop when the
+// parts exceed the grid.
+template <class F>
+__global__ void __launch_bounds__(row_threads)
+    row_parts(F f, index_t rows, index_t len, RowParts parts, typename F::part_type* partial) {
+  const BlockTeam<row_threads> team;
+  for (index_t b = blockIdx.x; b < rows * parts.count; b += gridDim.x) {
+    const index_t r = b / parts.count, p = b % parts.count;
+    const auto v = f.part(team, r, parts.begin(p), parts.end(p, len));
+    if (threadIdx.x == 0) partial[b] = v;
+  }
+}
+
+// Row r's partials combined in part order by f.finish (a thread per row).
+template <class F>
+__global__ void row_parts_finish(F f, index_t rows, index_t count, const typename F::part_type* partial) {
+  const index_t r = index_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r < rows) f.finish(r, partial + r * count, count);
 }
 
 // Pass 1 of the column sums over rows [tile * tile_rows, ...) of an [rows, cols] range; a block is
