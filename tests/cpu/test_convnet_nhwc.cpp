@@ -45,16 +45,9 @@ std::vector<double> forward_backward(Model& model, const std::vector<double>& x,
   return grads;
 }
 
-// Equal up to fp64 summation order: |a - b| <= 1e-10 of the largest |a| (a gradient near zero is
-// a sum of terms of that size, so its own magnitude is not the scale of its rounding).
+// Equal up to fp64 summation order (the layouts sum a channel in different orders).
 void check_same(const std::vector<double>& a, const std::vector<double>& b, const char* what) {
-  REQUIRE(a.size() == b.size());
-  double scale = 0, worst = 0;
-  for (double v : a) scale = std::max(scale, std::abs(v));
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  INFO(what, ": worst difference ", worst, " against a largest value of ", scale);
-  CHECK(scale > 0);
-  CHECK(worst <= 1e-10 * scale);
+  kiln_gradcheck_test::check_same_up_to_order(a, b, 1e-10, what);
 }
 }  // namespace
 

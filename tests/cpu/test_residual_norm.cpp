@@ -80,13 +80,7 @@ Run run(M& model, bool eager) {
 }
 
 void check_close(const std::vector<double>& a, const std::vector<double>& b, const char* what) {
-  REQUIRE(a.size() == b.size());
-  double scale = 0, worst = 0;
-  for (double v : a) scale = std::max(scale, std::abs(v));
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  INFO(what, ": worst difference ", worst, " against a largest value of ", scale);
-  CHECK(scale > 0);
-  CHECK(worst <= 1e-12 * scale);
+  kiln_gradcheck_test::check_same_up_to_order(a, b, 1e-12, what);
 }
 
 std::size_t count(const std::vector<std::string>& names, const std::string& name) {
