@@ -166,7 +166,9 @@ TEST_CASE("cuDNN convolution is captured into a CUDA graph and replays the eager
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<float> eager(static_cast<std::size_t>(ny)), replayed(eager.size());
   KILN_CUDA_CHECK(cudaMemcpy(eager.data(), dy.data(), dy.size_bytes(), cudaMemcpyDeviceToHost));
-  KILN_CUDA_CHECK(cudaMemset(dy.data(), 0xFF, dy.size_bytes()));  // NaNs until the replay writes y
+  // NaNs until the replay writes y; on the capture's stream (a non-blocking stream does not wait
+  // for the legacy stream's cudaMemset, which could land after the replay).
+  KILN_CUDA_CHECK(cudaMemsetAsync(dy.data(), 0xFF, dy.size_bytes(), stream));
   cudaGraph_t graph = nullptr;
   KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   conv.forward(s, dx.data(), dw.data(), dy.data(), stream);

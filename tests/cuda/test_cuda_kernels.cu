@@ -303,7 +303,15 @@ TEST_CASE("CUDA column sums: the bgrada fallback over a tall A matches cuBLASLt'
     gpu.gemm(true, false, m, n, k, 1.f, da.data(), m, dbm.data(), n, 0.f, c.data(), n, kiln::BGradA<float>{db.data(), false});
     check_close(fetch(c), want_c, 2e-4, "dW");
     check_close(fetch(db), want_db, 2e-5, "db");
-    CHECK(gpu.lt_fallbacks() == (lt ? 0u : 1u));
+    if (lt) {
+      // cuBLASLt's f32 BGRADB for a transposed A is not documented for every shape: none, or one
+      // fallback if it has no algorithm (the values above hold either way).
+      MESSAGE("observed: cuBLASLt BGRADB f32 (m 40, n 8, k 3000, A transposed): " << gpu.lt_fallbacks()
+                                                                                  << " fallback(s)");
+      CHECK(gpu.lt_fallbacks() <= 1u);
+    } else {
+      CHECK(gpu.lt_fallbacks() == 1u);
+    }
   }
 }
 
@@ -437,33 +445,46 @@ struct ReluCase {
 
 }  // namespace
 
+// Where cuBLASLt's ReLU epilogue turns NaN into 0 (CudaExecutor::lt_relu_keeps_nan, probed once per
+// executor; unmeasured until a device runs it), kiln never asks for it: every ReLU GEMM takes the
+// GEMM and kiln's kernels, forward and backward, and the refusal tests below see no query. The
+// fallbacks a ReLU run on a shape cuBLASLt accepts adds, then: 2 (the forward and its backward).
+namespace {
+std::size_t relu_run_fallbacks(Gpu& gpu) {
+  const bool keeps = gpu.lt_relu_keeps_nan();
+  MESSAGE("observed: cuBLASLt's ReLU epilogue " << (keeps ? "keeps NaN: used" : "turns NaN into 0: not used"));
+  return keeps ? 0 : 2;
+}
+}  // namespace
+
 TEST_CASE("CudaExecutor: a shape cuBLASLt refuses falls back alone; its ReLU backward reads no unwritten mask") {
   std::mt19937 rng(15);
   const ReluCase refused(37, 24, 40, 9, rng), lt_shape(33, 24, 40, 9, rng);
   Gpu gpu;
+  const std::size_t extra = relu_run_fallbacks(gpu), asked = extra == 0 ? 1 : 0;
   gpu.lt().simulate_no_algorithm([](const cu::MatmulArgs& x) {
     return x.epilogue == cu::Epilogue::relu_aux_bias && x.m == 37;
   });
   refused.check(refused.run(gpu));
   CHECK(gpu.lt_fallbacks() == 2);  // the forward, and the backward (no cuBLASLt mask to read)
-  CHECK(gpu.lt().cached_no_algorithm() == 1);
+  CHECK(gpu.lt().cached_no_algorithm() == asked);
   CHECK(gpu.lt_epilogues());  // a user switch only: never cleared by a refusal
 
   lt_shape.check(lt_shape.run(gpu));
-  CHECK(gpu.lt_fallbacks() == 2);  // the other shape keeps cuBLASLt's epilogues both ways
+  CHECK(gpu.lt_fallbacks() == 2 + extra);  // the other shape keeps cuBLASLt's epilogues both ways
 
   gpu.lt().simulate_no_algorithm({});
   refused.check(refused.run(gpu));
-  CHECK(gpu.lt_fallbacks() == 4);  // remembered per key: refused again without a query
-  CHECK(gpu.lt().cached_no_algorithm() == 1);
+  CHECK(gpu.lt_fallbacks() == 4 + extra);  // remembered per key: refused again without a query
+  CHECK(gpu.lt().cached_no_algorithm() == asked);
 
   gpu.lt().clear_plans();
   refused.check(refused.run(gpu));
-  CHECK(gpu.lt_fallbacks() == 4);  // asked again: cuBLASLt has it
+  CHECK(gpu.lt_fallbacks() == 4 + 2 * extra);  // asked again: cuBLASLt has it
 
   gpu.use_lt_epilogues(false);  // the switch: the kernels, with a mask written earlier by cuBLASLt
   refused.check(refused.run(gpu));
-  CHECK(gpu.lt_fallbacks() == 6);
+  CHECK(gpu.lt_fallbacks() == 6 + 2 * extra);
 }
 
 TEST_CASE("CudaExecutor: a planned GEMM cuBLASLt refuses at execution (NOT_SUPPORTED) falls back, its key remembered") {
@@ -472,12 +493,13 @@ TEST_CASE("CudaExecutor: a planned GEMM cuBLASLt refuses at execution (NOT_SUPPO
   std::mt19937 rng(16);
   const ReluCase refused(37, 24, 40, 9, rng);
   Gpu gpu;
+  const std::size_t asked = relu_run_fallbacks(gpu) == 0 ? 1 : 0;
   gpu.lt().simulate_not_supported([](const cu::MatmulArgs& x) {
     return x.epilogue == cu::Epilogue::relu_aux_bias && x.m == 37;
   });
   refused.check(refused.run(gpu));
   CHECK(gpu.lt_fallbacks() == 2);  // the forward, and the backward (no cuBLASLt mask to read)
-  CHECK(gpu.lt().cached_no_algorithm() == 1);
+  CHECK(gpu.lt().cached_no_algorithm() == asked);
   gpu.lt().simulate_not_supported({});
   refused.check(refused.run(gpu));
   CHECK(gpu.lt_fallbacks() == 4);  // remembered: not asked again
@@ -541,8 +563,10 @@ TEST_CASE("ag::linear on CUDA with one layer's epilogue refused: gradients match
   const Results got = mlp_steps<Gpu>(true, &refused);
   check_all(got_plain, ref, 2e-4);
   check_all(got, ref, 2e-4);
-  // Per step: the refused forward, and its activation's DRELU in the next layer's dX GEMM.
-  CHECK(refused - plain == 4);
+  // Per step: the refused forward, and its activation's DRELU in the next layer's dX GEMM — none
+  // where cuBLASLt's ReLU epilogue is never used (relu_run_fallbacks): both runs fall back alike.
+  Gpu probe;
+  CHECK(refused - plain == (relu_run_fallbacks(probe) == 0 ? 4u : 0u));
 }
 
 namespace {

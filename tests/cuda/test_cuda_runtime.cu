@@ -686,16 +686,17 @@ TEST_CASE("Lt GELU epilogue is the tanh approximation, not erf") {
   auto d_a = upload(a);
   auto d_b = upload(b);
   DeviceBuffer<float> d_d(m * n);
-  test_lt().matmul({.m = m,
-                    .n = n,
-                    .k = k,
-                    .a = d_a.data(),
-                    .lda = k,
-                    .b = d_b.data(),
-                    .ldb = n,
-                    .d = d_d.data(),
-                    .ldd = n,
-                    .epilogue = Epilogue::gelu});
+  if (!lt_matmul_or_report({.m = m,
+                            .n = n,
+                            .k = k,
+                            .a = d_a.data(),
+                            .lda = k,
+                            .b = d_b.data(),
+                            .ldb = n,
+                            .d = d_d.data(),
+                            .ldd = n,
+                            .epilogue = Epilogue::gelu}))
+    return;
   const auto got = download(d_d);
   double worst_tanh = 0.0, worst_erf = 0.0;
   for (index_t i = 0; i < m; ++i)
@@ -741,22 +742,22 @@ void check_activation_pair(bool relu, index_t m, index_t n, index_t k, index_t p
   void* aux = relu ? static_cast<void*>(d_mask.data()) : static_cast<void*>(d_pre.data());
   if (relu) KILN_CUDA_CHECK(cudaMemset(d_mask.data(), 0, d_mask.size_bytes()));
 
-  test_lt().matmul({.m = m,
-                    .n = n,
-                    .k = k,
-                    .trans_b = true,
-                    .in_type = lt_type_of<T>(),
-                    .out_type = lt_type_of<T>(),
-                    .a = d_x.data(),
-                    .lda = k,
-                    .b = d_w.data(),
-                    .ldb = k,
-                    .d = d_h.data(),
-                    .ldd = n,
-                    .epilogue = relu ? Epilogue::relu_aux_bias : Epilogue::gelu_aux_bias,
-                    .bias = d_b.data(),
-                    .aux = aux,
-                    .aux_ld = aux_ld});
+  if (!lt_matmul_or_report({.m = m,
+                            .n = n,
+                            .k = k,
+                            .trans_b = true,
+                            .in_type = lt_type_of<T>(),
+                            .out_type = lt_type_of<T>(),
+                            .a = d_x.data(),
+                            .lda = k,
+                            .b = d_w.data(),
+                            .ldb = k,
+                            .d = d_h.data(),
+                            .ldd = n,
+                            .epilogue = relu ? Epilogue::relu_aux_bias : Epilogue::gelu_aux_bias,
+                            .bias = d_b.data(),
+                            .aux = aux,
+                            .aux_ld = aux_ld})) return;
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto h = download(d_h);
   const auto pre_gpu = relu ? std::vector<T>{} : download(d_pre);
@@ -788,21 +789,21 @@ void check_activation_pair(bool relu, index_t m, index_t n, index_t k, index_t p
   auto d_w2 = upload(w2.stored);
   DeviceBuffer<T> d_dpre(m * n);
   DeviceBuffer<T> d_db(n);
-  test_lt().matmul({.m = m,
-                    .n = n,
-                    .k = p,
-                    .in_type = lt_type_of<T>(),
-                    .out_type = lt_type_of<T>(),
-                    .a = d_g.data(),
-                    .lda = p,
-                    .b = d_w2.data(),
-                    .ldb = n,
-                    .d = d_dpre.data(),
-                    .ldd = n,
-                    .epilogue = relu ? Epilogue::drelu_bgrad : Epilogue::dgelu_bgrad,
-                    .bias = d_db.data(),
-                    .aux = aux,
-                    .aux_ld = aux_ld});
+  if (!lt_matmul_or_report({.m = m,
+                            .n = n,
+                            .k = p,
+                            .in_type = lt_type_of<T>(),
+                            .out_type = lt_type_of<T>(),
+                            .a = d_g.data(),
+                            .lda = p,
+                            .b = d_w2.data(),
+                            .ldb = n,
+                            .d = d_dpre.data(),
+                            .ldd = n,
+                            .epilogue = relu ? Epilogue::drelu_bgrad : Epilogue::dgelu_bgrad,
+                            .bias = d_db.data(),
+                            .aux = aux,
+                            .aux_ld = aux_ld})) return;
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto dpre = download(d_dpre);
   const auto db = download(d_db);
@@ -856,21 +857,21 @@ void check_bias_gradient(Epilogue e, const Shape& s, bool ta, bool tb, std::mt19
   DeviceBuffer<T> d_d(m * n);
   const index_t len = kiln::cu::epilogue_bias_length(e, m, n);
   DeviceBuffer<T> d_db(len);
-  test_lt().matmul({.m = m,
-                    .n = n,
-                    .k = k,
-                    .trans_a = ta,
-                    .trans_b = tb,
-                    .in_type = lt_type_of<T>(),
-                    .out_type = lt_type_of<T>(),
-                    .a = d_a.data(),
-                    .lda = a_cols,
-                    .b = d_b.data(),
-                    .ldb = b_cols,
-                    .d = d_d.data(),
-                    .ldd = n,
-                    .epilogue = e,
-                    .bias = d_db.data()});
+  if (!lt_matmul_or_report({.m = m,
+                            .n = n,
+                            .k = k,
+                            .trans_a = ta,
+                            .trans_b = tb,
+                            .in_type = lt_type_of<T>(),
+                            .out_type = lt_type_of<T>(),
+                            .a = d_a.data(),
+                            .lda = a_cols,
+                            .b = d_b.data(),
+                            .ldb = b_cols,
+                            .d = d_d.data(),
+                            .ldd = n,
+                            .epilogue = e,
+                            .bias = d_db.data()})) return;
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto d = download(d_d);
   const auto db = download(d_db);

@@ -16,7 +16,8 @@
 // what it would save.
 //
 // Engines: heuristics (CUDNN_HEUR_MODE_A) rank the engine configurations of each shape; the first
-// that finalises and fits the policy is kept in a per-shape cache, with its workspace size.
+// that finalises and fits the policy is kept in a per-shape cache, with its workspace size. When
+// none of mode A's does, CUDNN_HEUR_MODE_FALLBACK's engines are tried the same way.
 // Policy: fp32 means fp32 — engines that down-convert inputs (TF32 tensor cores) are skipped unless
 // `allow_tf32`; `deterministic` skips engines marked non-deterministic (bit-identical reruns, as
 // PyTorch's torch.backends.cudnn.deterministic). Workspace comes from kiln's caching allocator.
@@ -282,43 +283,49 @@ class CudnnConv {
         .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
     graph->finalize();
 
-    detail::BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    const cudnnBackendHeurMode_t heur_mode = CUDNN_HEUR_MODE_A;
-    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph).set(CUDNN_ATTR_ENGINEHEUR_MODE,
-                                                                     CUDNN_TYPE_HEUR_MODE, 1, &heur_mode);
-    heur.finalize();
-    std::int64_t count = 0;
-    KILN_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
-    std::vector<std::unique_ptr<detail::BackendDesc>> configs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (std::int64_t i = 0; i < count; ++i) {
-      configs.push_back(std::make_unique<detail::BackendDesc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      raw.push_back(configs.back()->get());
-    }
-    std::int64_t got = 0;
-    if (count > 0)
+    // Mode A's ranked engines first; when none of them finalises under the policy (fp32 excludes
+    // the tensor-core engines, and nothing promises that mode A lists another), FALLBACK's, which
+    // cover every shape, slower.
+    std::int64_t candidates = 0;
+    for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+      detail::BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+      heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph).set(CUDNN_ATTR_ENGINEHEUR_MODE,
+                                                                       CUDNN_TYPE_HEUR_MODE, 1, &heur_mode);
+      heur.finalize();
+      std::int64_t count = 0;
       KILN_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
-    for (std::int64_t i = 0; i < got; ++i) {
-      if (!detail::engine_allowed(raw[std::size_t(i)], options_.allow_tf32, options_.deterministic)) continue;
-      auto candidate = std::make_unique<detail::BackendDesc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      candidate->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
-          .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configs[std::size_t(i)]);
-      if (candidate->try_finalize() != CUDNN_STATUS_SUCCESS) continue;  // not for this shape: next
-      std::int64_t ws = 0, n = 0;
-      KILN_CUDNN_CHECK(cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                CUDNN_TYPE_INT64, 1, &n, &ws));
-      p.plan = std::move(candidate);
-      p.workspace = ws;
-      p.keep.push_back(std::move(configs[std::size_t(i)]));
-      break;
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+      std::vector<std::unique_ptr<detail::BackendDesc>> configs;
+      std::vector<cudnnBackendDescriptor_t> raw;
+      for (std::int64_t i = 0; i < count; ++i) {
+        configs.push_back(std::make_unique<detail::BackendDesc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+        raw.push_back(configs.back()->get());
+      }
+      std::int64_t got = 0;
+      if (count > 0)
+        KILN_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
+      candidates += got;
+      for (std::int64_t i = 0; i < got && !p.plan; ++i) {
+        if (!detail::engine_allowed(raw[std::size_t(i)], options_.allow_tf32, options_.deterministic)) continue;
+        auto candidate = std::make_unique<detail::BackendDesc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        candidate->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_)
+            .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configs[std::size_t(i)]);
+        if (candidate->try_finalize() != CUDNN_STATUS_SUCCESS) continue;  // not for this shape: next
+        std::int64_t ws = 0, n = 0;
+        KILN_CUDNN_CHECK(cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                  CUDNN_TYPE_INT64, 1, &n, &ws));
+        p.plan = std::move(candidate);
+        p.workspace = ws;
+        p.keep.push_back(std::move(configs[std::size_t(i)]));
+      }
+      if (p.plan) break;
     }
     KILN_CHECK(p.plan != nullptr, CudaError, "kiln::cu::CudnnConv: cuDNN offers no engine for this ",
                pass == ConvPass::forward ? "forward" : pass == ConvPass::backward_data ? "backward-data" : "backward-filter",
                " convolution (n=", s.n, " c_in=", s.c_in, " h=", s.h, " w=", s.w, " c_out=", s.c_out, " kernel ", s.kh,
                "x", s.kw, ") under the policy (allow_tf32 ", options_.allow_tf32, ", deterministic ",
-               options_.deterministic, "): ", got, " heuristic candidates");
+               options_.deterministic, "): ", candidates, " heuristic candidates (modes A and fallback)");
     p.keep.push_back(std::move(conv));
     p.keep.push_back(std::move(op));
     p.keep.push_back(std::move(graph));
