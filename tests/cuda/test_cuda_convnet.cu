@@ -54,7 +54,12 @@ template <class Model, class Space>
 Run train(const kiln::data::Dataset& data) {
   auto exec = kiln::make_executor<Space>(1);
   typename Model::template on<Space> model(3);
-  kiln::optim::AdamW opt(model, {.lr = 1e-3});
+  // eps 1e-3, not 1e-8: every convolution here has a bias and a batch norm after it, so in
+  // training the bias's gradient is 0 in exact arithmetic and rounding noise (1e-9..1e-8) as
+  // computed — different noise on the CPU and the device. Adam with eps 1e-8 would turn that noise
+  // into steps of up to lr of either sign; with 1e-3 it moves a bias by about lr * 1e-5, while the
+  // real gradients still take steps of a good part of lr.
+  kiln::optim::AdamW opt(model, {.lr = 1e-3, .eps = 1e-3});
   kiln::train::Step step(model, opt, exec, kiln::policy<>{});
   kiln::data::BatchLoader<Space> loader(data, {.batch_size = 16, .shuffle = false, .workers = 0}, exec);
   Run r{};
@@ -81,7 +86,10 @@ void compare(const kiln::data::Dataset& data, double tolerance) {
   for (std::size_t i = 0; i < cpu.params.size(); ++i)
     worst = std::max(worst, std::abs(double(cpu.params[i]) - double(gpu.params[i])));
   CHECK_MESSAGE(worst <= tolerance, "largest parameter difference ", worst);
-  CHECK(gpu.accuracy == doctest::Approx(cpu.accuracy).epsilon(0.05));
+  // Evaluation mode (running statistics): parameters equal within the tolerance can still flip a
+  // near-tie prediction, so one sample's worth.
+  MESSAGE("observed: accuracy after training, CPU " << cpu.accuracy << ", device " << gpu.accuracy);
+  CHECK(std::abs(gpu.accuracy - cpu.accuracy) <= 1.0 / double(data.n) + 1e-12);
   CHECK(cpu.launches == cpu.predicted);
   CHECK(gpu.launches == gpu.predicted);
 }

@@ -127,6 +127,13 @@ void compare_all() {
 }  // namespace
 
 TEST_CASE("ag::linear on CudaExecutor matches the CPU: cuBLASLt epilogues and their fallbacks") {
+  // What the executor's probes found decides whether the "lt" runs below use cuBLASLt's epilogue
+  // or fall back to kiln's kernels (CudaExecutor::lt_relu_keeps_nan, lt_gelu_accurate): the values
+  // are the CPU's either way.
+  kiln::CudaExecutor probe;
+  MESSAGE("observed: cuBLASLt ReLU epilogues keep kiln's NaN contract: " << probe.lt_relu_keeps_nan()
+                                                                         << "; GELU epilogue float-accurate: "
+                                                                         << probe.lt_gelu_accurate());
   SUBCASE("relu (RELU_AUX_BIAS / DRELU_BGRAD)") { compare_all<fn::Relu>(); }
   SUBCASE("gelu tanh (GELU_AUX_BIAS / DGELU_BGRAD)") { compare_all<fn::GeluTanh>(); }
   SUBCASE("sigmoid (GEMM + kernel)") { compare_all<fn::Sigmoid>(); }

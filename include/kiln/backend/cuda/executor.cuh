@@ -507,7 +507,7 @@ class CudaExecutor {
       x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     } else if constexpr (cu::lt_activation_v<Act>) {
       constexpr bool relu = std::is_same_v<Act, fn::Relu>;
-      if (lt_epilogues_ && (!relu || lt_relu_keeps_nan())) {
+      if (lt_epilogues_ && (relu ? lt_relu_keeps_nan() : lt_gelu_accurate())) {
         using E = cu::Epilogue;
         if (ep.bias && relu) x.epilogue = save ? E::relu_aux_bias : E::relu_bias;
         else if (ep.bias) x.epilogue = save ? E::gelu_aux_bias : E::gelu_bias;
@@ -556,7 +556,7 @@ class CudaExecutor {
       // mask's layout cuBLASLt's business (writing it from kiln's kernel would rely on an
       // undocumented bit order); GELU's aux is the same matrix on both paths.
       constexpr bool relu = std::is_same_v<Act, fn::Relu>;
-      if (folds_dact<Act>(k) && lt_epilogues_ && (!relu || lt_wrote_mask(ep.aux, m, n))) {
+      if (folds_dact<Act>(k) && lt_epilogues_ && (relu ? lt_wrote_mask(ep.aux, m, n) : lt_gelu_accurate())) {
         cu::MatmulArgs x = lt_args(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc);
         using E = cu::Epilogue;
         x.epilogue = ep.dbias ? (relu ? E::drelu_bgrad : E::dgelu_bgrad) : (relu ? E::drelu : E::dgelu);
@@ -662,7 +662,8 @@ class CudaExecutor {
  public:
   // Whether cuBLASLt's ReLU epilogue keeps kiln's contract relu(NaN) = NaN (README, "ReLU and
   // NaN"): NVIDIA does not document it, and an fmax-style ReLU gives 0. Probed once per executor,
-  // on its stream, with a 16 x 16 x 16 GEMM whose bias holds a NaN (the host waits for it);
+  // on its stream, with a 16 x 16 x 16 GEMM whose bias holds a NaN (the host waits for it) —
+  // RELU_BIAS, then RELU_AUX_BIAS and DRELU_BGRAD, whose mask must give relu'(NaN) = 0;
   // false makes every ReLU epilogue take the GEMM and kiln's kernel (counted in lt_fallbacks).
   // Inside a capture before the first probe: false, not remembered (a probe cannot wait there).
   // Also true when cuBLASLt has no ReLU epilogue for the probe's shape (nothing to keep then).
@@ -691,11 +692,99 @@ class CudaExecutor {
     } else {
       KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // buf goes back to the allocator
     }
+    // Training runs the other pair, RELU_AUX_BIAS forward and DRELU_BGRAD backward: the NaN must
+    // survive the forward there too, and its mask bit must give relu'(NaN) = 0 (kiln's contract,
+    // the CPU's: a NaN is not > 0), so the column's gradient and bias gradient are 0.
+    if (keeps) keeps = lt_relu_aux_keeps_nan(a, b, bias);
     relu_nan_probe_ = keeps;
     return keeps;
   }
 
+  // Whether cuBLASLt's GELU epilogues compute tanh-GELU to float accuracy, as kiln's kernel and the
+  // CPU do: within 2e-5 |x| + 1e-6 over x in [-5, 5]. NVIDIA documents the tanh form, not its
+  // accuracy, and a hardware tanh approximation would be off by a few 1e-4 |x| (a GPT's logits then
+  // differ from the CPU's in the fourth digit). Probed once per executor as the ReLU one is (a
+  // GEMM of zeros, so the output is GELU of the bias alone); false sends every GELU epilogue,
+  // forward and backward, to the GEMM and kiln's kernel (counted in lt_fallbacks). Inside a
+  // capture before the first probe: false, not remembered. True where cuBLASLt has no GELU
+  // epilogue for the probe's shape.
+  bool lt_gelu_accurate() {
+    if (gelu_probe_) return *gelu_probe_;
+    if (capture_ != nullptr) return false;
+    constexpr index_t m = 16, n = 256, k = 16;
+    cu::DeviceBuffer<float> buf(m * k + k * n + m * n + n);
+    float* a = buf.data();
+    float* b = a + m * k;
+    float* d = b + k * n;
+    float* bias = d + m * n;
+    std::vector<float> host(std::size_t(m * k + k * n + m * n + n), 0.0f);
+    float* xs = host.data() + (m * k + k * n + m * n);
+    for (index_t j = 0; j < n; ++j) xs[j] = -5.0f + 10.0f * float(j) / float(n - 1);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(a, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    cu::MatmulArgs x = lt_args(false, false, m, n, k, 1.f, a, k, b, n, 0.f, d, n);
+    x.epilogue = cu::Epilogue::gelu_bias;
+    x.bias = bias;
+    x.bias_f32 = true;
+    bool accurate = true;
+    if (lt_.try_matmul(x, stream_)) {
+      std::vector<float> got(std::size_t(m * n));
+      KILN_CUDA_CHECK(cudaMemcpyAsync(got.data(), d, got.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) {
+          const double v = double(xs[j]), want = fn::GeluTanh{}(v);
+          accurate = accurate && std::abs(double(got[std::size_t(i * n + j)]) - want) <= 2e-5 * std::abs(v) + 1e-6;
+        }
+    } else {
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // buf goes back to the allocator
+    }
+    gelu_probe_ = accurate;
+    return accurate;
+  }
+
  private:
+  // lt_relu_keeps_nan's second half: a, b hold 0.5 everywhere and bias[3] is NaN ([16, 16], on the
+  // device). True also where cuBLASLt has no algorithm for either epilogue (then none is used).
+  bool lt_relu_aux_keeps_nan(const float* a, const float* b, const float* bias) {
+    constexpr index_t n = 16;
+    const index_t mask_ld = cu::relu_mask_ld(n);
+    const std::size_t mask_bytes = std::size_t(cu::relu_mask_bytes(n, n));
+    cu::DeviceBuffer<float> buf(2 * n * n + n);
+    cu::DeviceBuffer<std::uint8_t> mask{index_t(mask_bytes)};
+    float* h = buf.data();
+    float* dz = h + n * n;
+    float* dbias = dz + n * n;
+    KILN_CUDA_CHECK(cudaMemsetAsync(mask.data(), 0, mask_bytes, stream_));
+    cu::MatmulArgs fwd = lt_args(false, true, n, n, n, 1.f, a, n, b, n, 0.f, h, n);
+    fwd.epilogue = cu::Epilogue::relu_aux_bias;
+    fwd.bias = const_cast<float*>(bias);
+    fwd.bias_f32 = true;
+    fwd.aux = mask.data();
+    fwd.aux_ld = mask_ld;
+    bool keeps = true;
+    if (lt_.try_matmul(fwd, stream_)) {
+      // dZ = (A B) * relu'(Z) with A = B = 0.5: every product is 4, so a gradient of 0 in column 3
+      // (and a bias gradient of 0 there) is the mask's doing.
+      cu::MatmulArgs bwd = lt_args(false, false, n, n, n, 1.f, a, n, b, n, 0.f, dz, n);
+      bwd.epilogue = cu::Epilogue::drelu_bgrad;
+      bwd.bias = dbias;
+      bwd.bias_f32 = true;
+      bwd.aux = mask.data();
+      bwd.aux_ld = mask_ld;
+      const bool backward = lt_.try_matmul(bwd, stream_);
+      std::vector<float> host(std::size_t(2 * n * n + n));
+      KILN_CUDA_CHECK(cudaMemcpyAsync(host.data(), h, host.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (index_t i = 0; i < n; ++i) {
+        keeps = keeps && std::isnan(host[std::size_t(i * n + 3)]);
+        if (backward) keeps = keeps && host[std::size_t(n * n + i * n + 3)] == 0.0f;
+      }
+      if (backward) keeps = keeps && host[std::size_t(2 * n * n + 3)] == 0.0f;
+    } else {
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the buffers go back to the allocator
+    }
+    return keeps;
+  }
 
   // try_lt for x, whose epilogue writes a bias gradient (length `len`): to dbias or, when the
   // gradient must be added (cuBLASLt only overwrites), to scratch that one more kernel adds.
@@ -823,6 +912,7 @@ class CudaExecutor {
   bool allow_tf32_ = false;
   bool lt_epilogues_ = true;
   std::optional<bool> relu_nan_probe_;  // lt_relu_keeps_nan's answer, once probed
+  std::optional<bool> gelu_probe_;      // lt_gelu_accurate's answer, once probed
   std::size_t lt_fallbacks_ = 0;
   std::size_t gemm_fallbacks_ = 0;
   std::unordered_map<const void*, std::pair<index_t, index_t>> relu_masks_;
