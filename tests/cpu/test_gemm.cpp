@@ -548,8 +548,9 @@ TEST_CASE("gemm_own: the thread count changes nothing, bit for bit") {
 }
 
 TEST_CASE("gemm_own float: A read in place (row stride not a multiple of 512) gives the packed path's bits") {
-  // The AVX-512 kernel reads whole 12-row tiles of an A whose rows hold k contiguously where they
-  // lie, and packs them when the rows are a multiple of 2 KiB apart (L1 sets): the same values at
+  // The AVX-512 kernel reads whole 12-row tiles (the AVX2 kernel 6-row tiles) of an A whose rows
+  // hold k contiguously where they lie, and packs them when the rows are a multiple of 2 KiB apart
+  // (L1 sets): the same values at
   // lda 512 (packed) and lda k + 3 (in place) must give the same C, bit for bit, at 1 and 2 threads.
   const index_t shapes[][3] = {{37, 70, 300}, {300, 64, 64}, {250, 256, 257}, {13, 33, 512}};
   std::uint64_t seed = 41;

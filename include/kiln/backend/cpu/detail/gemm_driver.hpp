@@ -186,6 +186,20 @@ struct gemm_kernel_fp {
   {
     microkernel_avx512_rows<mr>(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, n_live);
   }
+#elif KILN_GEMM_AVX2
+  // fp32 on AVX2 (AMD Zen 3): whole 6-row tiles read where they lie (microkernel_avx2_rows), on
+  // the same rule for L1 sets.
+  static constexpr bool reads_a_in_place(index_t, index_t lda)
+    requires(std::is_same_v<T, float> && std::is_same_v<Acc, float>)
+  {
+    return lda % 512 != 0;
+  }
+  static void tile_in_place(index_t k, const T* a, index_t lda, const Acc* bp, Acc* c, index_t rs_c, index_t cs_c,
+                            Acc alpha, Acc beta, int n_live)
+    requires(std::is_same_v<T, float> && std::is_same_v<Acc, float>)
+  {
+    microkernel_avx2_rows(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, n_live);
+  }
 #endif
 };
 

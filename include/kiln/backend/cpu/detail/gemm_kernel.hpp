@@ -246,13 +246,36 @@ inline void store_tile_transposed(const typename avx_ops<Acc>::vec (&acc)[MR][NV
   }
 }
 
-// C[0:mr, 0:nr] = alpha * Ap * Bp + beta * C   (beta == 0: C is not read), where C(r, j) is
-// c[r * rs_c + j * cs_c] and either cs_c == 1 (row-major C) or rs_c == 1 (C seen transposed).
-// requires: ap holds kc x MR and bp kc x NR packed values, bp 32-byte aligned; mr <= MR, nr <= NR.
+// The A operand of microkernel_avx2: element r of the current k step's six (row(r)), then the
+// next step (next()). PackedA reads a packed panel (kc x 6, k-major); RowsA reads six rows where
+// they lie, k contiguous in each (row r at a + r * lda), from two bases and three offsets, so the
+// six rows cost four registers rather than six.
 template <class Acc>
-inline void microkernel_avx2(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
-                        Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta,
-                        int mr, int nr) {
+struct PackedA {
+  const Acc* ap;
+  const Acc* row(int r) const { return ap + r; }
+  void next() { ap += 6; }
+};
+template <class Acc>
+struct RowsA {
+  const Acc* base[2];
+  index_t offset[3];
+  RowsA(const Acc* a, index_t lda) : base{a, a + 3 * lda}, offset{0, lda, 2 * lda} {}
+  const Acc* row(int r) const { return base[r / 3] + offset[r % 3]; }
+  void next() {
+    ++base[0];
+    ++base[1];
+  }
+};
+
+// C[0:mr, 0:nr] = alpha * A * Bp + beta * C   (beta == 0: C is not read), where C(r, j) is
+// c[r * rs_c + j * cs_c] and either cs_c == 1 (row-major C) or rs_c == 1 (C seen transposed);
+// A read through `a` (PackedA, RowsA: the same products in the same order either way, so the same
+// bits). requires: A holds kc x 6 values (rows past mr of a RowsA must exist: whole tiles only),
+// bp kc x NR packed values, 32-byte aligned; mr <= MR, nr <= NR.
+template <class Acc, class A>
+inline void microkernel_avx2_reading(index_t kc, A a, const Acc* KILN_RESTRICT bp, Acc* KILN_RESTRICT c,
+                                     index_t rs_c, index_t cs_c, Acc alpha, Acc beta, int mr, int nr) {
   using ops = avx_ops<Acc>;
   using vec = typename ops::vec;
   constexpr int MR = 6;
@@ -277,25 +300,25 @@ inline void microkernel_avx2(index_t kc, const Acc* KILN_RESTRICT ap, const Acc*
   KILN_GEMM_UNROLL_K
   for (index_t p = 0; p < kc; ++p) {
     const vec b0 = ops::load(bp), b1 = ops::load(bp + ops::lanes);
-    vec ai = ops::bcast(ap + 0);
+    vec ai = ops::bcast(a.row(0));
     c00 = ops::fma(ai, b0, c00);
     c01 = ops::fma(ai, b1, c01);
-    ai = ops::bcast(ap + 1);
+    ai = ops::bcast(a.row(1));
     c10 = ops::fma(ai, b0, c10);
     c11 = ops::fma(ai, b1, c11);
-    ai = ops::bcast(ap + 2);
+    ai = ops::bcast(a.row(2));
     c20 = ops::fma(ai, b0, c20);
     c21 = ops::fma(ai, b1, c21);
-    ai = ops::bcast(ap + 3);
+    ai = ops::bcast(a.row(3));
     c30 = ops::fma(ai, b0, c30);
     c31 = ops::fma(ai, b1, c31);
-    ai = ops::bcast(ap + 4);
+    ai = ops::bcast(a.row(4));
     c40 = ops::fma(ai, b0, c40);
     c41 = ops::fma(ai, b1, c41);
-    ai = ops::bcast(ap + 5);
+    ai = ops::bcast(a.row(5));
     c50 = ops::fma(ai, b0, c50);
     c51 = ops::fma(ai, b1, c51);
-    ap += MR;
+    a.next();
     bp += NR;
   }
 
@@ -317,6 +340,22 @@ inline void microkernel_avx2(index_t kc, const Acc* KILN_RESTRICT ap, const Acc*
     const __m256i cols[NV] = {ops::mask(nr), ops::mask(nr - ops::lanes)};
     for (int r = 0; r < mr; ++r) update_c_row<true>(c + r * rs_c, acc[r], beta, cols);
   }
+}
+
+// The tile from packed panels (see microkernel_avx2_reading).
+template <class Acc>
+inline void microkernel_avx2(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN_RESTRICT bp,
+                             Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta, int mr, int nr) {
+  microkernel_avx2_reading(kc, PackedA<Acc>{ap}, bp, c, rs_c, cs_c, alpha, beta, mr, nr);
+}
+
+// A whole 6-row tile with A's rows read where they lie (row r at a + r * lda, k contiguous): a
+// pointwise convolution's input rows, a backward-data's dy, an MLP's activations — without the
+// pass that packs them (as microkernel_avx512_rows does on AVX-512).
+template <class Acc>
+inline void microkernel_avx2_rows(index_t kc, const Acc* KILN_RESTRICT a, index_t lda, const Acc* KILN_RESTRICT bp,
+                                  Acc* KILN_RESTRICT c, index_t rs_c, index_t cs_c, Acc alpha, Acc beta, int nr) {
+  microkernel_avx2_reading(kc, RowsA<Acc>(a, lda), bp, c, rs_c, cs_c, alpha, beta, 6, nr);
 }
 
 }  // namespace kiln::cpu::detail
