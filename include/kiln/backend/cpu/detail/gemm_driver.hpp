@@ -171,10 +171,11 @@ struct gemm_kernel_fp {
                    Acc alpha, Acc beta, int m_live, int n_live) {
     microkernel(k, ap, bp, c, rs_c, cs_c, alpha, beta, m_live, n_live);
   }
-#if KILN_GEMM_AVX512
-  // fp32 on AVX-512: whole tiles of A read where they lie (microkernel_avx512_rows), unless the
-  // rows are a multiple of 2 KiB apart — then the twelve rows' lines fall into one or two L1 sets
-  // of twelve ways, beside the B panel's, and evict each other; those are packed as before.
+#if KILN_GEMM_AVX2
+  // fp32 with AVX-512 or AVX2: whole tiles of A (12 or 6 rows) read where they lie
+  // (microkernel_rows), unless the rows are a multiple of 2 KiB apart — then the tile's rows' lines
+  // fall into one or two L1 sets, beside the B panel's, and evict each other; those are packed as
+  // before.
   static constexpr bool reads_a_in_place(index_t, index_t lda)
     requires(std::is_same_v<T, float> && std::is_same_v<Acc, float>)
   {
@@ -184,21 +185,7 @@ struct gemm_kernel_fp {
                             Acc alpha, Acc beta, int n_live)
     requires(std::is_same_v<T, float> && std::is_same_v<Acc, float>)
   {
-    microkernel_avx512_rows<mr>(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, n_live);
-  }
-#elif KILN_GEMM_AVX2
-  // fp32 on AVX2 (AMD Zen 3): whole 6-row tiles read where they lie (microkernel_avx2_rows), on
-  // the same rule for L1 sets.
-  static constexpr bool reads_a_in_place(index_t, index_t lda)
-    requires(std::is_same_v<T, float> && std::is_same_v<Acc, float>)
-  {
-    return lda % 512 != 0;
-  }
-  static void tile_in_place(index_t k, const T* a, index_t lda, const Acc* bp, Acc* c, index_t rs_c, index_t cs_c,
-                            Acc alpha, Acc beta, int n_live)
-    requires(std::is_same_v<T, float> && std::is_same_v<Acc, float>)
-  {
-    microkernel_avx2_rows(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, n_live);
+    microkernel_rows(k, a, lda, bp, c, rs_c, cs_c, alpha, beta, n_live);
   }
 #endif
 };

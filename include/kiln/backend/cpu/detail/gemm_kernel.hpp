@@ -384,6 +384,17 @@ inline void microkernel(index_t kc, const Acc* KILN_RESTRICT ap, const Acc* KILN
   }
 }
 
+// A whole float tile of gemm_blocking<float>'s shape with A's rows read where they lie (row r at
+// a + r * lda, k contiguous): microkernel_avx512_rows or microkernel_avx2_rows.
+inline void microkernel_rows(index_t kc, const float* KILN_RESTRICT a, index_t lda, const float* KILN_RESTRICT bp,
+                             float* KILN_RESTRICT c, index_t rs_c, index_t cs_c, float alpha, float beta, int nr) {
+#if KILN_GEMM_AVX512
+  microkernel_avx512_rows<gemm_blocking<float>::mr>(kc, a, lda, bp, c, rs_c, cs_c, alpha, beta, nr);
+#else
+  microkernel_avx2_rows(kc, a, lda, bp, c, rs_c, cs_c, alpha, beta, nr);
+#endif
+}
+
 #else  // portable kernel: plain loops over a fixed tile that the compiler vectorises.
 
 template <class Acc>
